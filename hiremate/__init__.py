@@ -1,0 +1,45 @@
+"""hiremate: train any PyTorch model within an activation-memory budget.
+
+The pipeline: ``build_graph`` captures a CD-graph, partitioners group it, solvers schedule it,
+and the executor runs the schedule as an ``nn.Module``. See DESIGN.md for the stages.
+"""
+
+from hiremate.errors import (
+    ConfigError,
+    GraphCaptureError,
+    HiremateError,
+    InfeasibleBudgetError,
+    InputMismatchError,
+    InvalidGraphError,
+    InvalidScheduleError,
+    SolverError,
+)
+from hiremate.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref
+from hiremate.schedule import Compute, Delete, Schedule
+from hiremate.simulator import SimulationResult, autodiff_schedule, simulate
+from hiremate.units import fmt_bytes, parse_bytes
+
+__version__ = "0.1.0"
+
+
+def build_graph(model, sample, **kwargs):
+    """Capture ``model`` on ``sample`` as a :class:`Graph` (see ``hiremate.graphbuilder``)."""
+    from hiremate.graphbuilder import build_graph as _build
+
+    return _build(model, sample, **kwargs)
+
+
+def measure(fn, *args, **kwargs):
+    """Peak activation bytes and time of one forward+backward (see ``hiremate.measurement``)."""
+    from hiremate.measurement import measure as _measure
+
+    return _measure(fn, *args, **kwargs)
+
+
+__all__ = [
+    "Compute", "ComputeNode", "ConfigError", "DataKind", "DataNode", "Delete", "Graph",
+    "GraphCaptureError", "HiremateError", "InfeasibleBudgetError", "InputMismatchError",
+    "InvalidGraphError", "InvalidScheduleError", "NodeKind", "Op", "Ref", "Schedule",
+    "SimulationResult", "SolverError", "autodiff_schedule", "build_graph", "fmt_bytes",
+    "measure", "parse_bytes", "simulate",
+]
