@@ -1,0 +1,57 @@
+"""Partitioners: turn the forward graph into a hierarchy of convex subgraphs.
+
+Every partitioner has ``partition(graph) -> Hierarchy`` (and ``partition_dag(dag)`` for a bare
+forward DAG). ``PARTITIONERS`` maps names to classes; build one with ``make_partitioner``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from hiremate.errors import ConfigError
+from hiremate.graph import Graph
+
+from .canonical import SubgraphClass, Translation
+from .dag import ForwardDag, contract, forward_dag
+from .draw import draw_hierarchy
+from .flat import FlatPartition
+from .hierarchy import Hierarchy, Part, Subgraph
+from .hpartition import HPartition
+from .sequence import SequencePartition
+
+
+@runtime_checkable
+class Partitioner(Protocol):
+    """What the pipeline needs from a partitioner."""
+
+    name: str
+
+    def partition(self, graph: Graph) -> Hierarchy: ...
+
+
+PARTITIONERS: dict[str, type] = {
+    "hpartition": HPartition,
+    "sequence": SequencePartition,
+    "flat": FlatPartition,
+}
+
+
+def make_partitioner(name: str, **params: Any) -> Partitioner:
+    """Instantiate a registered partitioner by name."""
+    try:
+        cls = PARTITIONERS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown partitioner {name!r}; choose one of {', '.join(sorted(PARTITIONERS))}"
+        ) from None
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise ConfigError(f"bad parameters for partitioner {name!r}: {exc}") from exc
+
+
+__all__ = [
+    "FlatPartition", "ForwardDag", "HPartition", "Hierarchy", "PARTITIONERS", "Part",
+    "Partitioner", "SequencePartition", "Subgraph", "SubgraphClass", "Translation", "contract",
+    "draw_hierarchy", "forward_dag", "make_partitioner",
+]
