@@ -1,0 +1,93 @@
+"""``build_graph``: from a PyTorch model and a sample to a measured CD-graph."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hiremate.errors import ConfigError
+from hiremate.graph import Graph
+from hiremate.graphbuilder.assemble import assemble
+from hiremate.graphbuilder.capture import capture, normalise_sample
+from hiremate.graphbuilder.costs import COST_MODELS, op_costs
+from hiremate.graphbuilder.grouping import group_joint
+
+log = logging.getLogger(__name__)
+
+
+def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "measure",
+                repeats: int = 5) -> Graph:
+    """Capture ``model`` on ``sample`` (a tensor, a tuple of positional arguments or a dict of
+    keyword arguments) as a CD-graph with measured times and memory sizes.
+
+    ``cost_model="measure"`` times every unique op signature on the model's device (median of
+    ``repeats``); ``"flops"`` estimates times analytically, without running the model.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"build_graph expects an nn.Module, got {type(model).__name__}")
+    if cost_model not in COST_MODELS:
+        raise ConfigError(f"unknown cost_model {cost_model!r}; choose one of {COST_MODELS}")
+    _check_devices(model, sample)
+    start = time.perf_counter()
+    cap = capture(model, sample)
+    t_capture = time.perf_counter() - start
+    grouping = group_joint(cap)
+    costs = op_costs(cap.gm, _real_inputs(model, sample, cap), cost_model, repeats)
+    meta = {
+        "model": type(model).__name__,
+        "capture_path": cap.path,
+        "cost_model": cost_model,
+        "device": str(_device(model, sample)),
+        "param_names": cap.param_names,
+        "frozen_names": cap.frozen_names,
+        "buffer_names": cap.buffer_names,
+        "input_paths": cap.input_paths,
+        "input_requires_grad": cap.input_requires_grad,
+        "tangent_for_output": cap.tangent_for_output,
+        "n_outputs": cap.n_outputs,
+        "joint_ops": sum(1 for n in cap.gm.graph.nodes if n.op == "call_function"),
+    }
+    graph = assemble(cap, grouping, costs, meta)
+    log.info("built %r in %.2fs (capture %.2fs)", graph, time.perf_counter() - start, t_capture)
+    return graph
+
+
+def _device(model: torch.nn.Module, sample: Any) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for t in pytree.tree_leaves(sample):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+def _check_devices(model: torch.nn.Module, sample: Any) -> None:
+    devices = {p.device for p in model.parameters()}
+    devices |= {t.device for t in pytree.tree_leaves(sample) if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        raise ConfigError(
+            f"the model and the sample live on different devices ({sorted(map(str, devices))}); "
+            "move them to one device first (model.to(device), sample.to(device))"
+        )
+
+
+def _real_inputs(model: torch.nn.Module, sample: Any, cap) -> list[Any]:
+    """Real values for the joint graph's placeholders: parameters, buffer copies, inputs and
+    random tangents (buffers are copied so that measuring leaves the model unchanged)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    args, kwargs = normalise_sample(sample)
+    leaves = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    tangents = []
+    for ph in [n for n in cap.gm.graph.nodes if n.op == "placeholder"][-len(cap.tangent_for_output):]:
+        val = ph.meta["val"]
+        tangents.append(torch.randn(tuple(val.shape), generator=gen, dtype=val.dtype).to(val.device))
+    return ([params[n].detach() for n in cap.param_names]
+            + [params[n].detach() for n in cap.frozen_names]
+            + [buffers[n].detach().clone() for n in cap.buffer_names]
+            + [t.detach() for t in leaves] + tangents)

@@ -1,0 +1,296 @@
+"""Group the ops of a joint ATen graph into the compute nodes of a CD-graph.
+
+Rules (DESIGN.md and ``papers/rockmate.txt`` A):
+
+- every op that allocates storage starts a forward node (forward phase) or joins the backward
+  node of the forward node it differentiates (backward phase, paired by ``seq_nr``);
+- views, and in-place writes into a value nobody else has read yet, join the node that owns the
+  storage (they allocate nothing); views of parameters, buffers, inputs and tangents are copied
+  into each node that reads them;
+- ``*_like`` factories on contiguous tensors read only a shape: they become plain factories,
+  and the tensor becomes a soft dependency (ordering only);
+- a backward op joins its group's current node only when everything it reads comes from that
+  node or an earlier one; otherwise it opens a new node, so the grouped graph stays acyclic
+  and its node order is an execution order.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from hiremate.errors import GraphCaptureError
+from hiremate.graph import DataKind, NodeKind, Op, Ref
+from hiremate.graphbuilder.capture import JointCapture
+from hiremate.graphbuilder.opinfo import LIKE_FACTORIES, op_kind, qualified_name, schema_name
+
+
+@dataclass
+class Group:
+    """A future compute node: its ops (fx nodes, in execution order) and what it reads."""
+
+    kind: NodeKind
+    index: int
+    ops: list[torch.fx.Node] = field(default_factory=list)
+    key: Any = None
+    soft: set[str] = field(default_factory=set)      # owners read for their shape only
+    mutates: set[str] = field(default_factory=set)    # buffers written
+    rewrites: dict[str, Op] = field(default_factory=dict)  # fx node name -> replacement op
+    partner: "Group | None" = None                   # forward group a backward group differentiates
+
+
+@dataclass
+class Grouping:
+    """Result of :func:`group_joint`: groups plus the storage and role of every value."""
+
+    fwd: list[Group]
+    bwd: list[Group]
+    owner: dict[str, str]               # value name -> name of the value owning its storage
+    producer: dict[str, Group]          # owner name -> group that allocates it
+    inline: dict[str, torch.fx.Node]    # views of sources, copied into readers
+    rename: dict[str, str]              # value name -> name to read it by
+    source_kind: dict[str, DataKind]    # placeholder name -> kind
+    source_label: dict[str, str]        # placeholder name -> parameter/buffer name or input path
+    tangents: list[str]
+    outputs: list[Any]                  # flat model outputs: value names or constants
+    grads: list[str | None]             # per parameter needing grad, then per input needing grad
+    n_fwd_ops: int = 0
+
+
+def group_joint(cap: JointCapture) -> Grouping:
+    graph = cap.gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    n_p, n_f, n_b = len(cap.param_names), len(cap.frozen_names), len(cap.buffer_names)
+    n_in = len(cap.input_paths)
+    source_kind: dict[str, DataKind] = {}
+    source_label: dict[str, str] = {}
+    labels = (
+        [(DataKind.PARAM, n) for n in cap.param_names]
+        + [(DataKind.PARAM, n) for n in cap.frozen_names]
+        + [(DataKind.BUFFER, n) for n in cap.buffer_names]
+        + [(DataKind.INPUT, p) for p in cap.input_paths]
+        + [(DataKind.TANGENT, f"tangent{i}") for i in range(len(cap.tangent_for_output))]
+    )
+    if len(labels) != len(placeholders):
+        raise GraphCaptureError(
+            f"traced graph has {len(placeholders)} inputs, expected {len(labels)}: "
+            "the model's arguments could not be matched to the traced graph"
+        )
+    for ph, (kind, label) in zip(placeholders, labels):
+        source_kind[ph.name] = kind
+        source_label[ph.name] = label
+    tangents = [ph.name for ph in placeholders[n_p + n_f + n_b + n_in:]]
+
+    owner: dict[str, str] = {ph.name: ph.name for ph in placeholders}
+    producer: dict[str, Group] = {}
+    inline: dict[str, torch.fx.Node] = {}
+    rename: dict[str, str] = {}
+    readers: dict[str, set[int]] = {}          # owner -> ids of groups that read it
+    fwd: list[Group] = []
+    bwd: list[Group] = []
+    group_of_node: dict[str, Group] = {}
+    fwd_group_of_seq: dict[int, Group] = {}
+    bwd_current: dict[Any, Group] = {}
+    phase = NodeKind.FWD
+    n_fwd_ops = 0
+
+    def is_source(o: str) -> bool:
+        return o in source_kind
+
+    def read_owners(node: torch.fx.Node) -> list[str]:
+        found: list[str] = []
+        for a in node.all_input_nodes:
+            name = rename.get(a.name, a.name)
+            if a.name in inline:
+                found.extend(read_owners(inline[a.name]))
+            elif name in owner:
+                found.append(owner[name])
+        return found
+
+    def group_rank(g: Group) -> tuple[int, int]:
+        return (0 if g.kind is NodeKind.FWD else 1, g.index)
+
+    def new_group(kind: NodeKind, key: Any = None) -> Group:
+        groups = fwd if kind is NodeKind.FWD else bwd
+        g = Group(kind, len(groups), key=key)
+        groups.append(g)
+        return g
+
+    def add(g: Group, node: torch.fx.Node) -> None:
+        g.ops.append(node)
+        group_of_node[node.name] = g
+        for o in read_owners(node):
+            readers.setdefault(o, set()).add(id(g))
+
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target is operator.getitem:
+            base = node.args[0]
+            g = group_of_node[base.name]
+            kind = op_kind(base.target)
+            owner[node.name] = owner[base.args[0].name] if kind.returns_views else node.name
+            if owner[node.name] == node.name:
+                producer[node.name] = g
+            add(g, node)
+            if phase is NodeKind.FWD and node.name == cap.last_forward:
+                phase = NodeKind.BWD
+            continue
+        if phase is NodeKind.FWD:
+            n_fwd_ops += 1
+        kind = op_kind(target)
+        seq = node.meta.get("seq_nr")
+        val = node.meta.get("val")
+        if kind.view_of is not None:
+            base = node.args[kind.view_of]
+            base_name = rename.get(base.name, base.name)
+            o = owner.get(base_name, base_name)
+            if base.name in inline:
+                o = owner[inline_root(base.name, inline, rename)]
+            owner[node.name] = o
+            if kind.inplace:
+                _inplace(node, o, kind, group_of_node, producer, readers, source_kind,
+                         source_label, phase, fwd, bwd, new_group, add, read_owners, group_rank,
+                         inline, rename)
+            elif is_source(o):
+                inline[node.name] = node
+            else:
+                add(producer[o], node)
+        elif schema_name(target) in LIKE_FACTORIES and _contiguous(node.args[0]):
+            g = _open_group(node, phase, seq, fwd_group_of_seq, bwd_current, new_group,
+                            read_owners=lambda n: [], group_rank=group_rank, producer=producer)
+            src = node.args[0]
+            o = owner.get(rename.get(src.name, src.name))
+            if src.name in inline:
+                o = owner[inline_root(src.name, inline, rename)]
+            if o is not None and not is_source(o):
+                g.soft.add(o)
+            g.rewrites[node.name] = _factory_op(node)
+            owner[node.name] = node.name
+            producer[node.name] = g
+            g.ops.append(node)
+            group_of_node[node.name] = g
+        else:
+            g = _open_group(node, phase, seq, fwd_group_of_seq, bwd_current, new_group,
+                            read_owners, group_rank, producer)
+            for i in kind.writes:
+                arg = node.args[i] if i < len(node.args) else None
+                if isinstance(arg, torch.fx.Node):
+                    o = owner.get(rename.get(arg.name, arg.name))
+                    if o is not None and source_kind.get(o) is DataKind.BUFFER:
+                        g.mutates.add(source_label[o])
+                    elif o is not None and not is_source(o) and producer.get(o) is not g:
+                        raise GraphCaptureError(
+                            f"op {node.name} ({schema_name(target)}) writes into "
+                            f"{arg.name}, which another node produced; hiremate cannot yet "
+                            "recompute such writes: make the write out of place"
+                        )
+            if isinstance(val, torch.Tensor):
+                owner[node.name] = node.name
+                producer[node.name] = g
+            add(g, node)
+            if phase is NodeKind.FWD and seq is not None and seq not in fwd_group_of_seq:
+                fwd_group_of_seq[seq] = g
+        if phase is NodeKind.FWD and node.name == cap.last_forward:
+            phase = NodeKind.BWD
+
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    results = list(out_node.args[0])
+    flat_outs, grads = results[:cap.n_outputs], results[cap.n_outputs:]
+    outputs = [rename.get(o.name, o.name) if isinstance(o, torch.fx.Node) else o
+               for o in flat_outs]
+    grad_names = [rename.get(g.name, g.name) if isinstance(g, torch.fx.Node) else None
+                  for g in grads]
+    return Grouping(fwd, bwd, owner, producer, inline, rename, source_kind, source_label,
+                    tangents, outputs, grad_names, n_fwd_ops)
+
+
+def inline_root(name: str, inline: dict[str, torch.fx.Node], rename: dict[str, str]) -> str:
+    """The source placeholder that an inlined view chain starts from."""
+    node = inline[name]
+    while True:
+        base = node.args[op_kind(node.target).view_of or 0]
+        base_name = rename.get(base.name, base.name)
+        if base_name in inline:
+            node = inline[base_name]
+        else:
+            return base_name
+
+
+def _open_group(node, phase, seq, fwd_group_of_seq, bwd_current, new_group, read_owners,
+                group_rank, producer) -> Group:
+    if phase is NodeKind.FWD:
+        return new_group(NodeKind.FWD)
+    key = seq if seq is not None and seq in fwd_group_of_seq else ("solo", node.name)
+    current = bwd_current.get(key)
+    if current is not None:
+        limit = group_rank(current)
+        if all(group_rank(producer[o]) <= limit for o in read_owners(node) if o in producer):
+            return current
+    g = new_group(NodeKind.BWD, key)
+    g.partner = fwd_group_of_seq.get(seq) if key == seq else None
+    bwd_current[key] = g
+    return g
+
+
+def _inplace(node, o, kind, group_of_node, producer, readers, source_kind, source_label,
+             phase, fwd, bwd, new_group, add, read_owners, group_rank, inline, rename) -> None:
+    """An in-place write: into a buffer (recorded as a mutation) or into an activation."""
+    if o in source_kind:
+        if source_kind[o] is not DataKind.BUFFER:
+            raise GraphCaptureError(
+                f"op {node.name} ({schema_name(node.target)}) writes into the "
+                f"{source_kind[o].value} {source_label[o]!r} in place; hiremate cannot replay "
+                "such writes: make the model write out of place"
+            )
+        g = new_group(phase)
+        g.mutates.add(source_label[o])
+        add(g, node)
+        rename[node.name] = o
+        return
+    home = producer[o]
+    others = readers.get(o, set()) - {id(home)}
+    late = [r for r in read_owners(node) if r in producer and group_rank(producer[r]) > group_rank(home)]
+    if others or late:
+        raise GraphCaptureError(
+            f"op {node.name} ({schema_name(node.target)}) writes in place into a value that "
+            "other operations read before the write, or that depends on later values; hiremate "
+            "cannot recompute it safely: use the out-of-place form of this operation"
+        )
+    add(home, node)
+
+
+def _contiguous(arg: Any) -> bool:
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.is_contiguous()
+
+
+def _factory_op(node: torch.fx.Node) -> Op:
+    """``zeros_like(x, ...)`` -> ``zeros(shape, ...)``: the same tensor without reading x."""
+    from hiremate.graphbuilder.encode import encode_arg
+
+    val = node.meta["val"]
+    kind = LIKE_FACTORIES[schema_name(node.target)]
+    shape = [int(s) for s in val.shape]
+    kwargs = {"dtype": val.dtype, "layout": val.layout, "device": val.device}
+    if kind == "empty":
+        target, args = "aten.empty.memory_format", (shape,)
+    elif kind == "full":
+        target, args = "aten.full.default", (shape, node.args[1])
+    else:
+        target, args = f"aten.{kind}.default", (shape,)
+    gen = node.kwargs.get("generator")
+    if gen is not None:
+        kwargs["generator"] = gen
+    return Op(
+        target=target,
+        args=tuple(encode_arg(a) for a in args),
+        kwargs=tuple((k, encode_arg(v)) for k, v in kwargs.items()),
+        out=node.name,
+        random=kind in ("rand", "randn"),
+    )
