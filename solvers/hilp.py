@@ -1,0 +1,274 @@
+"""H-ILP solvers: build the MILP once, hand it to a backend, turn the solution into a schedule.
+
+``HilpSolver`` ("hilp") and ``CheckmateSolver`` ("checkmate") share the flat formulation of
+:mod:`hiremate.solvers.hilp_model`; on a graph whose nodes have one option each, H-ILP *is*
+rk-Checkmate (``papers/hiremate-hierarchical.txt`` 3.2.2, "Optimality w.r.t. partitioning").
+
+Extraction does not trust the solver's deletion variables: the phases (which nodes run in each
+phase, read from ``R``) are replayed with eager freeing (each value freed right after its last
+read before it is produced again, or after it is produced if nobody reads it), which for a fixed
+compute sequence uses the least memory; the result is checked with :func:`hiremate.simulate`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from hiremate.errors import InfeasibleBudgetError, SolverError
+from hiremate.graph import SOURCE_KINDS, Graph
+from hiremate.option import Option
+from hiremate.schedule import Compute, Delete, Schedule
+from hiremate.simulator import SimulationResult, simulate
+from hiremate.units import fmt_bytes
+
+from hiremate.solvers.hilp_backends import BACKENDS, MilpResult, solve_milp
+from hiremate.solvers.hilp_model import HilpModel, build_model, gcd_unit
+
+log = logging.getLogger(__name__)
+
+Phases = list[list[int]]
+
+
+@dataclass(frozen=True)
+class HilpConfig:
+    """Solver settings. ``mip_gap`` is relative; ``time_limit`` is per MILP, in seconds; when it
+    runs out the best schedule found so far is returned. ``max_nodes`` is the applicability
+    limit (the MILP grows with the square of the number of nodes)."""
+
+    backend: str = "highs"
+    time_limit: float = 60.0
+    mip_gap: float = 1e-6
+    threads: int = 1
+    warm_start: bool = True
+    max_nodes: int = 250
+    pulp_solver: str = "auto"
+
+
+@dataclass
+class HilpResult:
+    """A solved instance: the schedule, the solver's status and figures, the simulation."""
+
+    schedule: Schedule
+    status: str
+    objective: float
+    bound: float
+    build_time: float
+    solve_time: float
+    simulation: SimulationResult
+    phases: Phases = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+
+# -- schedules from phases ------------------------------------------------------------------------
+def phases_to_schedule(graph: Graph, phases: Phases) -> Schedule:
+    """Compute steps of ``phases`` in order, each value freed as early as possible."""
+    seq = [k for phase in phases for k in phase]
+    deletable = [d.kind not in SOURCE_KINDS for d in graph.data]
+    for o in graph.outputs:
+        deletable[o] = False
+    final = set(graph.final_data)
+    nodes = graph.nodes
+    # backwards scan: next event of each value after the current position
+    nxt: dict[int, str] = {}
+    frees: list[list[int]] = [[] for _ in seq]
+    for i in range(len(seq) - 1, -1, -1):
+        node = nodes[seq[i]]
+        related = dict.fromkeys(node.inputs + node.outputs)
+        for d in related:
+            if not deletable[d]:
+                continue
+            event = nxt.get(d)
+            if event == "use" or (event is None and d in final):
+                continue
+            frees[i].append(d)
+        for d in node.outputs:
+            nxt[d] = "prod"
+        for d in node.inputs:
+            nxt[d] = "use"
+    steps: list[Compute | Delete] = []
+    for i, k in enumerate(seq):
+        steps.append(Compute(k))
+        steps.extend(Delete(d) for d in sorted(frees[i]))
+    return tuple(steps)
+
+
+def autodiff_phases(graph: Graph) -> Phases:
+    """Store-everything: each phase runs only its own node."""
+    return [[t] for t in range(len(graph.nodes))]
+
+
+def assignment(model: HilpModel, graph: Graph, phases: Phases) -> np.ndarray:
+    """The full variable vector of ``phases`` with eager freeing (a warm start for backends)."""
+    milp = model.milp
+    x = np.zeros(milp.shape[1])
+    T = model.n_nodes
+    jof = {int(d): j for j, d in enumerate(model.data_ids)}
+    edge = {(int(j), int(k)): e for e, (j, k) in enumerate(zip(model.e_j, model.e_k))}
+    schedule = phases_to_schedule(graph, phases)
+    size = model.size / model.mem_unit
+    alive = np.zeros(len(model.data_ids), bool)
+    pos = 0
+    for t, phase in enumerate(phases):
+        idx = model.p(np.arange(len(alive)), np.full(len(alive), t))
+        x[idx[idx >= 0]] = alive[idx >= 0]
+        mem = float(size @ alive)
+        run = set(phase)
+        for k in range(t + 1):
+            x[model.v(t, k)] = mem
+            if k not in run:
+                continue
+            assert schedule[pos] == Compute(k)
+            pos += 1
+            x[model.r(t, k)] = 1
+            for d in graph.nodes[k].outputs:
+                j = jof.get(d)
+                if j is not None:
+                    if not alive[j]:
+                        x[model.c(j, t)] = 1
+                        mem += size[j]
+                    alive[j] = True
+            while pos < len(schedule) and isinstance(schedule[pos], Delete):
+                j = jof[schedule[pos].data]
+                x[model.d(edge[(j, k)], t)] = 1
+                alive[j] = False
+                mem -= size[j]
+                pos += 1
+    idx = model.p(np.arange(len(alive)), np.full(len(alive), T))
+    x[idx[idx >= 0]] = alive[idx >= 0]
+    return x
+
+
+def phases_from_solution(model: HilpModel, x: np.ndarray) -> Phases:
+    T = model.n_nodes
+    rt, rk = np.tril_indices(T)
+    on = x[model.r(rt, rk)] > 0.5
+    phases: Phases = [[] for _ in range(T)]
+    for t, k in zip(rt[on].tolist(), rk[on].tolist()):
+        phases[t].append(k)
+    return [sorted(p) for p in phases]
+
+
+def memory_floor(graph: Graph) -> int:
+    """A lower bound on the budget of any schedule: while a node runs for the first time its
+    inputs, its outputs, its overhead and the model outputs produced before it are in memory."""
+    counted = [d.size if d.counted else 0 for d in graph.data]
+    outs = set(graph.outputs)
+    floor = 0
+    for node in graph.nodes:
+        held = set(node.inputs) | {o for o in outs if graph.data[o].producer is not None
+                                   and graph.data[o].producer < node.id}
+        need = sum(counted[d] for d in held) + sum(counted[d] for d in node.outputs)
+        floor = max(floor, need + node.overhead)
+    return floor
+
+
+# -- solvers --------------------------------------------------------------------------------------
+class HilpSolver:
+    """Flat H-ILP over a CD-graph (rk-Checkmate when every node has one option)."""
+
+    name = "hilp"
+
+    def __init__(self, config: HilpConfig | None = None, **overrides):
+        config = config or HilpConfig()
+        self.config = replace(config, **overrides) if overrides else config
+        if self.config.backend not in BACKENDS:
+            raise SolverError(f"unknown H-ILP backend {self.config.backend!r}; "
+                              f"choose one of {', '.join(BACKENDS)}")
+
+    def applicable(self, graph: Graph) -> bool:
+        return len(graph.nodes) <= self.config.max_nodes
+
+    def build(self, graph: Graph, budget: int, save_budget: int | None = None) -> HilpModel:
+        unit = gcd_unit(graph) if self.config.backend == "cpsat" else None
+        return build_model(graph, budget, save_budget, mem_unit=unit)
+
+    def solve(self, graph: Graph, budget: int, save_budget: int | None = None) -> HilpResult:
+        """Solve, extract and simulate; raise InfeasibleBudgetError when no schedule exists."""
+        floor = memory_floor(graph)
+        if budget < floor:
+            raise InfeasibleBudgetError(
+                f"{self.name}: budget {fmt_bytes(budget)} is below {fmt_bytes(floor)}, the "
+                "memory some node needs for its inputs, outputs and temporary buffers; "
+                "raise the budget or partition the graph more finely", min_budget=floor)
+        model = self.build(graph, budget, save_budget)
+        hint_phases: Phases | None = None
+        hint = None
+        if self.config.warm_start:
+            base = autodiff_phases(graph)
+            sim = simulate(graph, phases_to_schedule(graph, base))
+            before_loss = _memory_before_loss(graph, phases_to_schedule(graph, base))
+            if sim.valid and sim.peak <= budget and (save_budget is None
+                                                     or before_loss <= save_budget):
+                hint_phases, hint = base, assignment(model, graph, base)
+        cfg = self.config
+        res: MilpResult = solve_milp(
+            model.milp, cfg.backend, cfg.time_limit, cfg.mip_gap, hint, cfg.threads,
+            pulp_solver=cfg.pulp_solver)
+        log.info("%s/%s on %d nodes, budget %s: %s, objective %.6g in %.2fs (+%.2fs build)",
+                 self.name, cfg.backend, len(graph.nodes), fmt_bytes(budget), res.status,
+                 res.objective, res.solve_time, model.build_time)
+        if res.status == "infeasible":
+            raise InfeasibleBudgetError(
+                f"{self.name}: no schedule of {len(graph.nodes)} nodes fits in "
+                f"{fmt_bytes(budget)}" + (f" with at most {fmt_bytes(save_budget)} kept "
+                                          "before the loss" if save_budget is not None else "")
+                + "; raise the budget", min_budget=None)
+        if not res.has_solution:
+            if hint_phases is None:
+                raise SolverError(
+                    f"{self.name}/{cfg.backend} found no schedule within {cfg.time_limit:g}s "
+                    f"for {len(graph.nodes)} nodes; raise time_limit or partition the graph")
+            phases, status = hint_phases, "hint"
+        else:
+            phases, status = phases_from_solution(model, res.x), res.status
+        schedule = phases_to_schedule(graph, phases)
+        sim = simulate(graph, schedule)
+        if not sim.valid or sim.peak > budget:
+            raise SolverError(
+                f"{self.name}: the extracted schedule disagrees with the simulator "
+                f"({sim.error or 'peak ' + fmt_bytes(sim.peak) + ' > ' + fmt_bytes(budget)}); "
+                "this is a bug in the H-ILP formulation, please report it")
+        return HilpResult(schedule, status, res.objective, res.bound, model.build_time,
+                          res.solve_time, sim, phases, dict(model.stats))
+
+    def schedule(self, graph: Graph, budget: int) -> Schedule:
+        return self.solve(graph, budget).schedule
+
+    def menu(self, graph: Graph, budgets) -> list[Option]:
+        """Pareto-optimal options over ``budgets``: ints (peak) or (peak, save) pairs."""
+        from hiremate.solvers.hilp_menu import solve_menu
+
+        return solve_menu(self, graph, budgets)
+
+
+class CheckmateSolver(HilpSolver):
+    """rk-Checkmate: the flat case of H-ILP, for graphs of plain compute nodes."""
+
+    name = "checkmate"
+
+
+def lower_bound(graph: Graph, budget: int, save_budget: int | None = None) -> float:
+    """Value of the LP relaxation: no schedule within ``budget`` is faster (``inf`` when even
+    the relaxation is infeasible)."""
+    model = build_model(graph, budget, save_budget)
+    res = solve_milp(model.milp, "highs", time_limit=600.0, relax=True)
+    return res.objective if res.status in ("optimal", "feasible") else math.inf
+
+
+def _memory_before_loss(graph: Graph, schedule: Schedule) -> int:
+    sim_prefix = schedule[: schedule.index(Compute(graph.loss))]
+    counted = [d.size if d.counted else 0 for d in graph.data]
+    alive: set[int] = set()
+    for step in sim_prefix:
+        if isinstance(step, Compute):
+            alive.update(graph.nodes[step.node].outputs)
+        else:
+            alive.discard(step.data)
+    return sum(counted[d] for d in alive)
+
+
+HILP_SOLVERS = {"hilp": HilpSolver, "checkmate": CheckmateSolver}
