@@ -1,0 +1,173 @@
+"""FastSA: segment tree, incremental state vs the simulator, grouping, solver protocol."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hiremate
+from hiremate.errors import InfeasibleBudgetError
+from hiremate.schedule import Compute
+from hiremate.solvers.fastsa import FASTSA_SOLVERS, FastSA, group_nodes, primitive_table
+from hiremate.solvers.fastsa_segtree import AddMaxSegmentTree
+from hiremate.solvers.fastsa_state import NOP, SlotState
+from hiremate.solvers.remat_sequence import sequence_to_schedule
+from hiremate.synthetic import chain_graph, random_graph
+
+
+def autodiff_peak(g):
+    return hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
+
+
+@settings(max_examples=30, deadline=None)
+@given(size=st.integers(1, 70), ops=st.lists(
+    st.tuples(st.integers(0, 69), st.integers(0, 70), st.integers(-9, 9)), max_size=60))
+def test_segment_tree_matches_a_plain_list(size, ops):
+    tree = AddMaxSegmentTree(size)
+    plain = [0] * size
+    for lo, hi, x in ops:
+        lo, hi = min(lo, size), min(hi, size)
+        tree.add(lo, hi, x)
+        for i in range(lo, hi):
+            plain[i] += x
+        assert tree.max() == max(plain)
+    assert [tree.value(i) for i in range(size)] == plain
+
+
+def _state(g, table, order, gap=3):
+    sizes = [d.size if d.counted else 0 for d in g.data]
+    keep = set(g.outputs) | set(g.final_data)
+    kept = [d.id in keep for d in g.data]
+    loss = next(i for i in order if table.members[i] == (g.loss,))
+    return SlotState(table, order, len(g.data), sizes, kept, loss, gap)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 15))
+def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
+    """After every valid add/remove/move the tree's peak is the simulator's peak."""
+    g = random_graph(seed, n)
+    table = primitive_table(g)
+    state = _state(g, table, list(range(len(g))))
+    rng = random.Random(seed)
+    pool = [x for x in range(len(table)) if not table.movable_only[x]]
+    for _ in range(60):
+        kind = rng.random()
+        if kind < 0.4 and pool:
+            x, t = rng.choice(pool), rng.randrange(state.T)
+            if state.seq[t] == NOP and state.can_add(x, t):
+                state.add(x, t)
+        elif kind < 0.7:
+            t = rng.randrange(state.T)
+            x = state.seq[t]
+            if x != NOP and not table.movable_only[x] and state.can_remove(x, t):
+                state.remove(x, t)
+        else:
+            t1, t2 = rng.randrange(state.T), rng.randrange(state.T)
+            x = state.seq[t1]
+            if (x != NOP and t1 != state.loss_slot and state.seq[t2] == NOP
+                    and state.can_add(x, t2) and state.can_remove(x, t1, t2)):
+                state.add(x, t2)
+                state.remove(x, t1)
+        res = hiremate.simulate(g, sequence_to_schedule(g, state.order()))
+        assert res.valid, res.error
+        assert state.peak == res.peak
+        assert state.cost == pytest.approx(res.time)
+
+
+def test_add_then_remove_restores_the_tree():
+    g = random_graph(7, 20)
+    table = primitive_table(g)
+    state = _state(g, table, list(range(len(g))))
+    before = list(state.tree.mx)
+    x = next(i for i in range(len(table)) if not table.movable_only[i])
+    t = next(t for t in range(state.T) if state.seq[t] == NOP and state.can_add(x, t)
+             and t > state.seq.index(x))
+    state.add(x, t)
+    state.remove(x, t)
+    assert state.tree.mx == before
+
+
+def test_grouping_keeps_a_valid_sequence_and_recomputes_cheap_nodes():
+    # equal sizes: every op fuses into its consumers (inputs <= outputs), paper C.1
+    g = chain_graph([10] * 12, [1.0] * 12)
+    table, order = group_nodes(g, primitive_table(g))
+    assert len(order) < len(g)
+    flat = [m for x in order for m in table.members[x]]
+    res = hiremate.simulate(g, sequence_to_schedule(g, flat))
+    assert res.valid
+    assert res.peak < autodiff_peak(g)
+
+
+@pytest.mark.parametrize("frac", [0.4, 0.6, 0.8])
+def test_schedule_meets_budget_or_raises(frac):
+    g = random_graph(11, 40)
+    budget = int(frac * autodiff_peak(g))
+    solver = FastSA(seed=1, iters_grouped=20_000, iters_fine=10_000)
+    try:
+        sched = solver.schedule(g, budget)
+    except InfeasibleBudgetError as exc:
+        assert exc.min_budget > budget
+        return
+    res = hiremate.simulate(g, sched)
+    assert res.valid and res.peak <= budget
+    runs = [s.node for s in sched if isinstance(s, Compute) and not g.nodes[s.node].is_fwd]
+    assert len(runs) == len(set(runs)) == len(g.bwd_nodes) + 1  # loss and bwd exactly once
+
+
+def test_chain_reaches_well_below_autodiff():
+    g = chain_graph([10] * 20, [1.0] * 20)
+    budget = autodiff_peak(g) // 2
+    res = hiremate.simulate(g, FastSA(seed=0, iters_grouped=20_000,
+                                      iters_fine=10_000).schedule(g, budget))
+    assert res.valid and res.peak <= budget
+    assert res.time < 2 * g.total_time()
+
+
+def test_deterministic_for_a_seed():
+    g = random_graph(2, 30)
+    budget = int(0.7 * autodiff_peak(g))
+    a = FastSA(seed=5, iters_grouped=5_000, iters_fine=5_000, time_limit=1e9).solve(g, budget)
+    b = FastSA(seed=5, iters_grouped=5_000, iters_fine=5_000, time_limit=1e9).solve(g, budget)
+    assert a == b
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 20), n_inputs=st.integers(1, 2),
+       frac=st.sampled_from([0.5, 0.8]))
+def test_property_random_dags(seed, n, n_inputs, frac):
+    g = random_graph(seed, n, n_inputs)
+    budget = int(frac * autodiff_peak(g))
+    solver = FastSA(seed=seed, iters_grouped=3_000, iters_fine=2_000)
+    seq, peak, _ = solver.solve(g, budget)
+    res = hiremate.simulate(g, sequence_to_schedule(g, seq))
+    assert res.valid and res.peak == peak
+    try:
+        sched = solver.schedule(g, budget)
+    except InfeasibleBudgetError as exc:
+        assert exc.min_budget > budget
+        return
+    res = hiremate.simulate(g, sched)
+    assert res.valid and res.peak <= budget
+
+
+def test_menu_options_replay():
+    g = random_graph(6, 25)
+    peak = autodiff_peak(g)
+    menu = FastSA(seed=0, iters_grouped=5_000, iters_fine=3_000).menu(
+        g, [int(0.7 * peak), peak])
+    assert menu
+    for opt in menu:
+        whole = tuple(opt.fwd) + (Compute(g.loss),) + tuple(opt.bwd)
+        res = hiremate.simulate(g, whole)
+        assert res.valid
+        assert opt.solver == "fastsa"
+
+
+def test_registry_and_applicable():
+    assert FASTSA_SOLVERS["fastsa"] is FastSA
+    assert FastSA().applicable(random_graph(0, 5))
+    assert not FastSA(max_nodes=3).applicable(random_graph(0, 5))
