@@ -135,15 +135,12 @@ class SlotState:
         for d in table.ins[x]:
             s = size[d]
             if s:
+                # a new reader at t extends the copy that covers t up to t, if it ended before
                 prods = self.prods[d]
-                p = prods[bisect_left(prods, t) - 1]
-                e0 = copy_end(d, p)
-                insort(self.uses[d], t)
-                e1 = copy_end(d, p)
-                if e1 > e0:
-                    tree_add(e0 + 1, e1 + 1, s)
-            else:
-                insort(self.uses[d], t)
+                e0 = copy_end(d, prods[bisect_left(prods, t) - 1])
+                if t > e0:
+                    tree_add(e0 + 1, t + 1, s)
+            insort(self.uses[d], t)
         for d in table.outs[x]:
             s = size[d]
             prods = self.prods[d]
@@ -152,8 +149,8 @@ class SlotState:
                 p = prods[k - 1]
                 e0 = copy_end(d, p)
                 prods.insert(k, t)
-                e1 = copy_end(d, p)
-                if e1 < e0:
+                if e0 >= t:  # the earlier copy now ends at its last reader before t
+                    e1 = copy_end(d, p)
                     tree_add(e1 + 1, e0 + 1, -s)
             else:
                 prods.insert(k, t)
@@ -193,8 +190,8 @@ class SlotState:
                 p = prods[bisect_left(prods, t) - 1]
                 e0 = copy_end(d, p)
                 del uses[bisect_left(uses, t)]
-                e1 = copy_end(d, p)
-                if e1 < e0:
+                if e0 == t:  # t was the last reader of that copy: it now ends earlier
+                    e1 = copy_end(d, p)
                     tree_add(e1 + 1, e0 + 1, -s)
             else:
                 del uses[bisect_left(uses, t)]
