@@ -1,0 +1,116 @@
+"""Benchmarks of the general-graph heuristics (FastSA, TW-Remat) on synthetic CD-graphs.
+
+    python bench/bench_fastsa.py rate      # FastSA mutations per second
+    python bench/bench_fastsa.py big       # FastSA on a graph of about 1,000 compute nodes
+    python bench/bench_fastsa.py table     # predicted overhead at 30/50/70% of the autodiff peak
+
+``overhead_table(graph, solvers)`` is the reusable piece: for each fraction of the autodiff
+peak it runs each solver and reports the predicted overhead (simulated time / autodiff time - 1)
+and the solve time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable
+
+import hiremate
+from hiremate.errors import InfeasibleBudgetError
+from hiremate.graph import Graph
+from hiremate.solvers.fastsa import FastSA
+from hiremate.solvers.twremat import TWRemat
+from hiremate.synthetic import random_graph
+
+FRACTIONS = (0.3, 0.5, 0.7)
+
+
+def default_solvers() -> dict[str, Callable[[], object]]:
+    return {"twremat": TWRemat,
+            "fastsa": lambda: FastSA(seed=0, iters_grouped=50_000, iters_fine=20_000)}
+
+
+def overhead_table(graph: Graph, solvers: dict[str, Callable[[], object]] | None = None,
+                   fractions: tuple[float, ...] = FRACTIONS) -> list[dict]:
+    """Rows ``{solver, fraction, budget, feasible, peak, overhead, solve_s}`` for ``graph``.
+
+    ``overhead`` is simulated time / autodiff time - 1 (None when the budget is not met).
+    """
+    solvers = solvers or default_solvers()
+    auto = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
+    rows = []
+    for name, make in solvers.items():
+        solver = make()
+        for frac in fractions:
+            budget = int(frac * auto.peak)
+            start = time.perf_counter()
+            try:
+                sched = solver.schedule(graph, budget)  # type: ignore[attr-defined]
+            except InfeasibleBudgetError as exc:
+                rows.append(dict(solver=name, fraction=frac, budget=budget, feasible=False,
+                                 peak=exc.min_budget, overhead=None,
+                                 solve_s=time.perf_counter() - start))
+                continue
+            elapsed = time.perf_counter() - start
+            res = hiremate.simulate(graph, sched).raise_if_invalid()
+            rows.append(dict(solver=name, fraction=frac, budget=budget,
+                             feasible=res.peak <= budget, peak=res.peak,
+                             overhead=res.time / auto.time - 1, solve_s=elapsed))
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = [f"{'solver':8} {'frac':>5} {'budget':>9} {'peak':>9} {'overhead':>9} {'solve s':>8}"]
+    for r in rows:
+        ov = "infeas." if r["overhead"] is None else f"{100 * r['overhead']:.1f}%"
+        lines.append(f"{r['solver']:8} {r['fraction']:5.2f} {r['budget']:9d} {r['peak']:9d} "
+                     f"{ov:>9} {r['solve_s']:8.2f}")
+    return "\n".join(lines)
+
+
+def mutation_rate(graph: Graph, iters: int = 200_000) -> dict:
+    """Mutations drawn and evaluated per second in FastSA's grouped and fine annealing."""
+    auto = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
+    # a budget it cannot reach, so the first annealing runs all its iterations
+    solver = FastSA(seed=0, iters_grouped=iters, iters_fine=iters, time_limit=1e9)
+    solver.solve(graph, max(1, auto.peak // 20))
+    out = {}
+    for stage, st in zip(("grouped", "fine"), solver.last_stats):
+        out[stage] = dict(attempts=st.attempts, evaluated=st.evaluated, accepted=st.accepted,
+                          seconds=round(st.seconds, 2),
+                          attempts_per_s=round(st.attempts_per_s),
+                          evaluated_per_s=round(st.evaluated_per_s))
+    return out
+
+
+def big_graph_solve(n_fwd: int = 500, frac: float = 0.5) -> dict:
+    """Solve time and result of FastSA (default settings) on ``random_graph(0, n_fwd)``."""
+    g = random_graph(0, n_fwd)
+    auto = hiremate.simulate(g, hiremate.autodiff_schedule(g))
+    solver = FastSA(seed=0)
+    start = time.perf_counter()
+    seq, peak, t = solver.solve(g, int(frac * auto.peak))
+    return dict(compute_nodes=len(g), solve_s=round(time.perf_counter() - start, 2),
+                peak_fraction=round(peak / auto.peak, 3), overhead=round(t / auto.time - 1, 3),
+                attempts=[st.attempts for st in solver.last_stats])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["rate", "big", "table"])
+    parser.add_argument("--n", type=int, default=None, help="forward ops of the random graph")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    args = parser.parse_args()
+    if args.what == "rate":
+        print(mutation_rate(random_graph(0, args.n or 200)))
+    elif args.what == "big":
+        print(big_graph_solve(args.n or 500))
+    else:
+        for seed in args.seeds:
+            g = random_graph(seed, args.n or 60)
+            print(f"random_graph({seed}, {args.n or 60}): {g!r}")
+            print(format_rows(overhead_table(g)))
+
+
+if __name__ == "__main__":
+    main()
