@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("what", choices=["rate", "big", "table"])
     parser.add_argument("--n", type=int, default=None, help="forward ops of the random graph")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--fanin", type=int, default=3, help="max fan-in of the random DAG")
     args = parser.parse_args()
     if args.what == "rate":
         print(mutation_rate(random_graph(0, args.n or 200)))
@@ -107,8 +108,8 @@ def main() -> None:
         print(big_graph_solve(args.n or 500))
     else:
         for seed in args.seeds:
-            g = random_graph(seed, args.n or 60)
-            print(f"random_graph({seed}, {args.n or 60}): {g!r}")
+            g = random_graph(seed, args.n or 60, max_fanin=args.fanin)
+            print(f"random_graph({seed}, {args.n or 60}, max_fanin={args.fanin}): {g!r}")
             print(format_rows(overhead_table(g)))
 
 

@@ -36,7 +36,8 @@ from hiremate.option import Option, pareto_front
 from hiremate.schedule import Schedule
 from hiremate.simulator import simulate
 from hiremate.solvers.fastsa_state import NOP, NodeTable, SlotState
-from hiremate.solvers.remat_sequence import option_from_schedule, sequence_to_schedule
+from hiremate.solvers.hilp_menu import option_from_schedule
+from hiremate.solvers.remat_sequence import sequence_to_schedule
 from hiremate.units import fmt_bytes
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,8 @@ from hiremate.graph import SOURCE_KINDS, Graph
 from hiremate.option import Option, pareto_front
 from hiremate.schedule import Schedule
 from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.solvers.remat_sequence import option_from_schedule, sequence_to_schedule
+from hiremate.solvers.hilp_menu import option_from_schedule
+from hiremate.solvers.remat_sequence import sequence_to_schedule
 from hiremate.units import fmt_bytes
 
 log = logging.getLogger(__name__)
