@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -54,14 +57,55 @@ def solve_milp(
 ) -> MilpResult:
     """Solve ``milp`` with ``backend``; ``relax`` drops integrality (HiGHS only: the LP bound)."""
     if backend == "highs":
-        return _solve_highs(milp, time_limit, mip_gap, hint, threads, relax)
+        args = (milp, time_limit, mip_gap, hint, threads, relax)
+        if _loaded("ortools.sat.python.cp_model_helper"):
+            return _in_subprocess("_solve_highs", args, time_limit)
+        return _solve_highs(*args)
     if relax:
         raise SolverError(f"the LP relaxation is computed with backend='highs', not {backend!r}")
     if backend == "cpsat":
-        return _solve_cpsat(milp, time_limit, mip_gap, hint, threads)
+        args = (milp, time_limit, mip_gap, hint, threads)
+        if _loaded("highspy"):
+            return _in_subprocess("_solve_cpsat", args, time_limit)
+        return _solve_cpsat(*args)
     if backend == "pulp":
         return _solve_pulp(milp, time_limit, mip_gap, hint, threads, pulp_solver)
     raise SolverError(f"unknown H-ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+# -- process isolation ----------------------------------------------------------------------------
+# ortools bundles its own build of HiGHS: once either highspy or ortools' CP-SAT is loaded, the
+# other fails to load in the same process (undefined symbols, checked with highspy 1.15 and
+# ortools 9.15). The second one then runs in a fresh interpreter.
+def _loaded(module: str) -> bool:
+    return module in sys.modules
+
+
+def _in_subprocess(fn: str, args: tuple, time_limit: float) -> MilpResult:
+    code = "from hiremate.solvers.hilp_backends import _worker; _worker()"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((fn, args)),
+                              capture_output=True, timeout=float(time_limit) + 120.0)
+    except subprocess.TimeoutExpired as exc:
+        raise SolverError(f"H-ILP backend {fn} did not return in time") from exc
+    if proc.returncode != 0:
+        raise SolverError(f"H-ILP backend {fn} failed in its subprocess: "
+                          f"{proc.stderr.decode(errors='replace')[-2000:]}")
+    result = pickle.loads(proc.stdout)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def _worker() -> None:
+    """Entry point of the subprocess: read (function name, args), write the result."""
+    fn, args = pickle.loads(sys.stdin.buffer.read())
+    try:
+        result = globals()[fn](*args)
+    except Exception as exc:  # handed back to the parent, which raises it
+        result = exc
+    sys.stdout.buffer.write(pickle.dumps(result))
+    sys.stdout.flush()
 
 
 # -- HiGHS ------------------------------------------------------------------------------------

@@ -45,8 +45,14 @@ import scipy.sparse as sp
 
 from hiremate.graph import SOURCE_KINDS, Graph
 
-#: relative safety margin on memory bounds against the LP solvers' feasibility tolerance
-MEM_MARGIN = 1e-7
+#: memory bounds are ``bound + 0.5 byte - MEM_MARGIN * mem_unit``: an exact integer peak equal
+#: to the bound is allowed, and the LP solvers' feasibility tolerance (1e-7 of the unit) cannot
+#: let a schedule one byte over it through; with a huge unit this rejects the last ppm
+MEM_MARGIN = 1e-6
+
+
+def _cap(bound: int, unit: float) -> float:
+    return (bound + 0.5 - MEM_MARGIN * unit) / unit
 
 
 @dataclass
@@ -226,7 +232,7 @@ def build_model(
     col_hi = np.ones(n)
     integer = np.zeros(n, bool)
     integer[:base_c] = True  # R and P
-    cap = budget / unit * (1 - MEM_MARGIN)
+    cap = _cap(budget, unit)
     col_hi[base_v:] = cap
     # R: diagonal forced, loss only in its phase
     tt = np.arange(T)
@@ -243,7 +249,7 @@ def build_model(
     col_lo[p_end[final]] = 1.0
     col_hi[p_end[~final & ~protected]] = 0.0
     if save_budget is not None:
-        col_hi[m.v(loss, loss)] = min(cap, save_budget / unit * (1 - MEM_MARGIN))
+        col_hi[m.v(loss, loss)] = min(cap, _cap(save_budget, unit))
 
     c = np.zeros(n)
     rt, rk = np.tril_indices(T)
