@@ -57,7 +57,6 @@ class SubgraphClass:
     id: int
     representative: int
     members: tuple[int, ...]
-    translations: dict[int, Translation]
 
 
 def classify(h: "Hierarchy") -> tuple[list[int], list[SubgraphClass]]:
@@ -65,29 +64,51 @@ def classify(h: "Hierarchy") -> tuple[list[int], list[SubgraphClass]]:
     former = _GraphForm(h) if h.graph is not None else _DagForm(h)
     table: dict[Any, int] = {}
     class_of: list[int] = []
-    walks: list[tuple[list[int], list[int]]] = []
     members: list[list[int]] = []
     for s in h.subgraphs:
-        key, comp, data = former.form(s, class_of)
-        cid = table.setdefault(key, len(table))
+        cid = table.setdefault(former.form(s, class_of), len(table))
         if cid == len(members):
             members.append([])
         members[cid].append(s.id)
         class_of.append(cid)
-        walks.append((comp, data))
-    classes = []
-    for cid, sids in enumerate(members):
-        rep = sids[0]
-        rep_comp, rep_data = walks[rep]
-        translations = {}
-        for sid in sids:
-            comp, data = walks[sid]
-            pairs: dict[int, int] = {}
-            _pair_children(h, rep, sid, pairs)
-            translations[sid] = Translation(dict(zip(rep_comp, comp)), dict(zip(rep_data, data)),
-                                            pairs)
-        classes.append(SubgraphClass(cid, rep, tuple(sids), translations))
-    return class_of, classes
+    return class_of, [SubgraphClass(cid, sids[0], tuple(sids)) for cid, sids in enumerate(members)]
+
+
+def translation(h: "Hierarchy", rep: int, sid: int) -> Translation:
+    """Translation from subgraph ``rep`` to ``sid`` (of the same class): walk both the same way
+    (children in order, recursively; each node with its backward partner and its data) and
+    pair positions."""
+    rep_nodes, rep_data = _walk(h, rep)
+    nodes, data = _walk(h, sid)
+    pairs: dict[int, int] = {}
+    _pair_children(h, rep, sid, pairs)
+    return Translation(dict(zip(rep_nodes, nodes)), dict(zip(rep_data, data)), pairs)
+
+
+def _walk(h: "Hierarchy", sid: int) -> tuple[list[int], list[int]]:
+    nodes: list[int] = []
+    data: list[int] = []
+    stack = [iter(h.subgraphs[sid].children)]
+    g = h.graph
+    reads, writes = (None, None) if g is not None else h.dag.node_values()
+    while stack:
+        c = next(stack[-1], None)
+        if c is None:
+            stack.pop()
+        elif not c.is_node:
+            stack.append(iter(h.subgraphs[c.id].children))
+        elif g is not None:
+            nd = g.nodes[c.id]
+            nodes.append(c.id)
+            data.extend(nd.inputs + nd.soft_inputs + nd.outputs)
+            if nd.partner is not None:
+                b = g.nodes[nd.partner]
+                nodes.append(b.id)
+                data.extend(b.inputs + b.outputs)
+        else:
+            nodes.append(c.id)
+            data.extend(reads[c.id] + writes[c.id])
+    return nodes, data
 
 
 def _pair_children(h: "Hierarchy", rep: int, sid: int, out: dict[int, int]) -> None:
@@ -98,24 +119,22 @@ def _pair_children(h: "Hierarchy", rep: int, sid: int, out: dict[int, int]) -> N
             _pair_children(h, a.id, b.id, out)
 
 
-def _child_positions(h: "Hierarchy", s: "Subgraph") -> dict[int, int]:
-    pos: dict[int, int] = {}
-    for j, c in enumerate(s.children):
-        for leaf in h.leaves(c):
-            pos[leaf] = j
-    return pos
-
-
 class _GraphForm:
-    """Canonical forms over the full CD-graph (forward and backward nodes, data nodes)."""
+    """Canonical forms over the full CD-graph, built from the children's forms.
+
+    A child node is written with its class, its backward partner's class, and their data as
+    local indices; a child subgraph with its class and its interface data (in its own canonical
+    order) as local indices. Each subgraph remembers its interface in canonical order for its
+    parent, so the cost is linear in the size of each level.
+    """
 
     def __init__(self, h: "Hierarchy"):
         assert h.graph is not None
-        self.h = h
         self.nodes = h.graph.nodes
         self.data = h.graph.data
         self.node_class: dict[int, int] = {}
         self.node_keys: dict[Any, int] = {}
+        self.iface_order: list[list[int]] = []
 
     def _char(self, d: int) -> tuple:
         dn = self.data[d]
@@ -133,53 +152,62 @@ class _GraphForm:
             self.node_class[nid] = cls
         return cls
 
-    def form(self, s: "Subgraph", class_of: list[int]) -> tuple[Any, list[int], list[int]]:
-        pos = _child_positions(self.h, s)
-        for f in s.fwd_nodes:
-            partner = self.nodes[f].partner
-            if partner is not None:
-                pos[partner] = pos[f]
-        comp = list(s.fwd_nodes) + list(s.bwd_nodes)
+    def form(self, s: "Subgraph", class_of: list[int]) -> Any:
         local: dict[int, int] = {}
 
-        def loc(ds: tuple[int, ...]) -> tuple[int, ...]:
+        def loc(ds) -> tuple[int, ...]:
             return tuple(local.setdefault(d, len(local)) for d in ds)
 
-        items = tuple(
-            (self._class(c), pos[c], loc(self.nodes[c].inputs), loc(self.nodes[c].soft_inputs),
-             loc(self.nodes[c].outputs))
-            for c in comp
-        )
-        iface = tuple(tuple(local[d] for d in ds)
-                      for ds in (s.inputs, s.outputs, s.grad_inputs, s.grad_outputs))
-        kids = tuple(-1 if c.is_node else class_of[c.id] for c in s.children)
-        return (items, iface, kids), comp, list(local)
+        items: list[tuple] = []
+        for c in s.children:
+            if c.is_node:
+                nd = self.nodes[c.id]
+                item: tuple = (self._class(c.id), loc(nd.inputs), loc(nd.soft_inputs),
+                               loc(nd.outputs))
+                if nd.partner is not None:
+                    b = self.nodes[nd.partner]
+                    item += (self._class(b.id), loc(b.inputs), loc(b.outputs))
+            else:
+                item = ("s", class_of[c.id], loc(self.iface_order[c.id]))
+            items.append(item)
+        sides = (s.inputs, s.outputs, s.grad_inputs, s.grad_outputs)
+        iface = tuple(tuple(local[d] for d in ds) for ds in sides)
+        crossing = set().union(*sides)
+        self.iface_order.append([d for d in local if d in crossing])
+        return tuple(items), iface
 
 
 class _DagForm:
-    """Canonical forms over a bare forward DAG: labels, value sizes, predecessor positions."""
+    """Canonical forms over a bare forward DAG: labels and value sizes, built from children.
+
+    Soft edges are not values in a :class:`ForwardDag`; they are written for nodes whose soft
+    predecessor lies in the same subgraph level only through the value wiring, so two DAG-only
+    subgraphs that differ only in soft-edge wiring between children may share a class. With a
+    Graph (the pipeline's path) soft inputs are data and are compared exactly.
+    """
 
     def __init__(self, h: "Hierarchy"):
-        self.h = h
         self.dag = h.dag
         self.reads, self.writes = h.dag.node_values()
-        self.fwd_index = {p.id: i for i, p in enumerate(h.levels[0])}
+        self.iface_order: list[list[int]] = []
 
-    def form(self, s: "Subgraph", class_of: list[int]) -> tuple[Any, list[int], list[int]]:
+    def form(self, s: "Subgraph", class_of: list[int]) -> Any:
         dag = self.dag
-        pos = _child_positions(self.h, s)
-        comp = list(s.fwd_nodes)
-        index = {self.fwd_index[c]: k for k, c in enumerate(comp)}
         local: dict[int, int] = {}
-        items = []
-        for c in comp:
-            u = self.fwd_index[c]
-            items.append((
-                dag.labels[u], pos[c],
-                tuple(index.get(p, -1) for p in dag.preds[u]),
-                tuple((local.setdefault(v, len(local)), dag.value_size[v]) for v in self.reads[u]),
-                tuple((local.setdefault(v, len(local)), dag.value_size[v]) for v in self.writes[u]),
-            ))
+
+        def loc(vs) -> tuple[int, ...]:
+            return tuple(local.setdefault(v, len(local)) for v in vs)
+
+        items: list[tuple] = []
+        for c in s.children:
+            if c.is_node:
+                u = c.id
+                items.append((dag.labels[u], len(dag.preds[u]), loc(self.reads[u]),
+                              loc(self.writes[u]),
+                              tuple(dag.value_size[v] for v in self.writes[u])))
+            else:
+                items.append(("s", class_of[c.id], loc(self.iface_order[c.id])))
         iface = (tuple(local[v] for v in s.inputs), tuple(local[v] for v in s.outputs))
-        kids = tuple(-1 if c.is_node else class_of[c.id] for c in s.children)
-        return (tuple(items), iface, kids), comp, list(local)
+        crossing = set(s.inputs).union(s.outputs)
+        self.iface_order.append([v for v in local if v in crossing])
+        return tuple(items), iface

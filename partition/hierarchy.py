@@ -122,8 +122,11 @@ class Hierarchy:
         return [c.representative for c in self.classes]
 
     def translation(self, sid: int) -> "Translation":
-        """How to rename the ids of ``sid``'s class representative into those of ``sid``."""
-        return self.classes[self.class_of[sid]].translations[sid]
+        """How to rename the ids of ``sid``'s class representative into those of ``sid``
+        (computed on demand, in time linear in the subgraph's size)."""
+        from .canonical import translation
+
+        return translation(self, self.classes[self.class_of[sid]].representative, sid)
 
     def owner(self, level: int) -> dict[int, Part]:
         """For each forward compute id, the part of level ``level`` that contains it."""
@@ -252,12 +255,8 @@ def hierarchy_from_levels(
                 nxt.append(Part("subgraph", len(raw) - 1))
         current = nxt
         parts_by_level.append(tuple(current))
-    if len(current) == 1 and not current[0].is_node:
-        root = current[0].id  # the top graph is this subgraph's children: the level below
-        parts_by_level.pop()
-    else:
-        raw.append((len(levels) + 1, tuple(current)))
-        root = len(raw) - 1
+    raw.append((len(levels) + 1, tuple(current)))
+    root = len(raw) - 1
     parent: list[int | None] = [None] * len(raw)
     leaves: list[tuple[int, ...]] = []
     for sid, (_, children) in enumerate(raw):
@@ -269,48 +268,80 @@ def hierarchy_from_levels(
                 parent[c.id] = sid
                 found.extend(leaves[c.id])
         leaves.append(tuple(sorted(found)))
-    interface = _Interface(graph, dag, ids)
-    subgraphs = [
-        Subgraph(sid, level, children, parent[sid], leaves[sid], *interface(leaves[sid]))
-        for sid, (level, children) in enumerate(raw)
-    ]
+    interface = _Interface(graph, dag)
+    subgraphs: list[Subgraph] = []
+    for sid, (level, children) in enumerate(raw):
+        fields = interface(leaves[sid], [c.id if c.is_node else None for c in children],
+                           [None if c.is_node else subgraphs[c.id] for c in children])
+        subgraphs.append(Subgraph(sid, level, children, parent[sid], leaves[sid], *fields))
     return Hierarchy(graph, dag, parts_by_level, subgraphs, root, partitioner)
 
 
 class _Interface:
-    """Computes the backward nodes and the boundary data of a set of forward nodes."""
+    """Backward nodes and boundary data of a subgraph, from those of its children (bottom-up,
+    so the total cost is linear in the size of each level): whatever crosses the boundary of a
+    subgraph crosses the boundary of one of its children, or is touched by one of its nodes."""
 
-    def __init__(self, graph: Graph | None, dag: "ForwardDag", ids: list[int]):
+    def __init__(self, graph: Graph | None, dag: "ForwardDag"):
         self.graph = graph
         self.dag = dag
         if graph is not None:
-            self.outputs = set(graph.outputs)
+            self.graph_outputs = set(graph.outputs)
         else:
             self.reads, self.writes = dag.node_values()
 
-    def __call__(self, fwd: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    def __call__(self, fwd: tuple[int, ...], nodes: list[int | None],
+                 subs: list[Subgraph | None]) -> tuple[tuple[int, ...], ...]:
+        ins: set[int] = set()
+        outs: set[int] = set()
+        gins: set[int] = set()
+        gouts: set[int] = set()
+        for sub in subs:
+            if sub is not None:
+                ins.update(sub.inputs)
+                outs.update(sub.outputs)
+                gins.update(sub.grad_inputs)
+                gouts.update(sub.grad_outputs)
         if self.graph is None:
-            return self._dag_only(fwd)
+            return self._dag_only(fwd, nodes, ins, outs)
         g = self.graph
-        nodes, data = g.nodes, g.data
+        gnodes, data = g.nodes, g.data
+        bwd = []
+        for f in fwd:
+            partner = gnodes[f].partner
+            if partner is not None:
+                bwd.append(partner)
+        bwd.sort()
+        for f in nodes:
+            if f is None:
+                continue
+            ins.update(gnodes[f].inputs)
+            outs.update(gnodes[f].outputs)
+            b = gnodes[f].partner
+            if b is not None:
+                gins.update(gnodes[b].inputs)
+                gouts.update(gnodes[b].outputs)
         fset = set(fwd)
-        bwd = sorted(nodes[f].partner for f in fwd if nodes[f].partner is not None)
-        members = fset | set(bwd)
-        inputs = {d for f in fwd for d in nodes[f].inputs if data[d].producer not in fset}
-        outputs = {d for f in fwd for d in nodes[f].outputs
-                   if d in self.outputs or any(u not in members for u in g.users(d))}
-        grad_in = {d for b in bwd for d in nodes[b].inputs
-                   if data[d].producer not in members
-                   and data[d].kind in (DataKind.GRAD, DataKind.TANGENT)}
-        grad_out = {d for b in bwd for d in nodes[b].outputs
-                    if data[d].kind in FINAL_KINDS or any(u not in members for u in g.users(d))}
+        members = fset.union(bwd)
+        inputs = [d for d in ins if data[d].producer not in fset]
+        outputs = [d for d in outs
+                   if d in self.graph_outputs or any(u not in members for u in g.users(d))]
+        grad_in = [d for d in gins if data[d].producer not in members
+                   and data[d].kind in (DataKind.GRAD, DataKind.TANGENT)]
+        grad_out = [d for d in gouts
+                    if data[d].kind in FINAL_KINDS or any(u not in members for u in g.users(d))]
         return (tuple(bwd), tuple(sorted(inputs)), tuple(sorted(outputs)),
                 tuple(sorted(grad_in)), tuple(sorted(grad_out)))
 
-    def _dag_only(self, fwd: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    def _dag_only(self, fwd: tuple[int, ...], nodes: list[int | None], ins: set[int],
+                  outs: set[int]) -> tuple[tuple[int, ...], ...]:
         dag = self.dag
+        for f in nodes:
+            if f is not None:
+                ins.update(self.reads[f])
+                outs.update(self.writes[f])
         fset = set(fwd)
-        inputs = {v for f in fwd for v in self.reads[f] if dag.value_producer[v] not in fset}
-        outputs = {v for f in fwd for v in self.writes[f]
-                   if dag.value_is_output[v] or any(u not in fset for u in dag.value_users[v])}
+        inputs = [v for v in ins if dag.value_producer[v] not in fset]
+        outputs = [v for v in outs
+                   if dag.value_is_output[v] or any(u not in fset for u in dag.value_users[v])]
         return ((), tuple(sorted(inputs)), tuple(sorted(outputs)), (), ())
