@@ -16,7 +16,7 @@ alive at the end of the run *is* that gradient, and it is left out of the runnin
 moment it was allocated (the backward op that produced it wrote straight into the gradient, so
 it was never activation memory). The allocations come, with their addresses:
 
-- on CPU, from ``torch.profiler.profile(profile_memory=True)``: the allocation events of its
+- on CPU, from the profiler with ``profile_memory=True``: the allocation events of its
   event tree (``kineto_results.experimental_event_tree()``) carry the pointer and the size;
 - on CUDA, from the caching allocator's history (``torch.cuda.memory._record_memory_history``
   and the device trace of ``torch.cuda.memory._snapshot()``: ``alloc`` / ``free_completed``).
@@ -32,7 +32,10 @@ parameter gradient.
 Timing: ``warmup`` untimed runs, then ``repeats`` timed runs *without* any memory
 instrumentation (the profiler slows CPU ops several times over), then ``repeats`` instrumented
 runs, one memory figure each. ``time`` is the median of the timed runs, ``peak`` the largest of
-the memory figures. CUDA timings synchronise the device before and after each run.
+the memory figures. CUDA timings synchronise the device before and after each run. The cyclic
+garbage collector is paused during the timed runs (as ``timeit`` does), and no
+``gc.collect()`` is forced between runs: it costs most of a second once torch is imported, and
+the memory figure does not need it, since it only counts blocks allocated during the run.
 
 ``measure`` leaves the user's state as it found it: the ``.grad`` of every parameter and input
 is saved before the first run and put back after the last one, so nothing accumulates.
@@ -323,13 +326,20 @@ def _forward_backward(fn: Callable, args: tuple, kwargs: dict, loss_fn: Callable
     del out, loss  # free the activations before the next run
 
 
+def _cpu_profile() -> Any:
+    """A CPU profile that records allocations.
+
+    The autograd profiler that ``torch.profiler.profile`` wraps: the wrapper's start imports
+    ``torch._inductor`` (seconds, once per process) only to read a CUDA-graph setting.
+    """
+    return torch.autograd.profiler.profile(use_kineto=True, use_cpu=True, profile_memory=True)
+
+
 @functools.cache
 def _cpu_addresses_available() -> bool:
     """Whether the profiler's event tree gives allocation addresses on this torch."""
     try:
-        with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-        ) as prof:
+        with _cpu_profile() as prof:
             probe = torch.empty(1024, dtype=torch.uint8)
             address = probe.untyped_storage().data_ptr()
             del probe
@@ -352,7 +362,7 @@ def _cpu_allocation_events(prof: Any) -> list[tuple[int, int]]:
     """``(address, bytes)`` CPU allocation events of a finished profile, in time order."""
     from torch._C._profiler import _EventType
 
-    tree = prof.profiler.kineto_results.experimental_event_tree()
+    tree = prof.kineto_results.experimental_event_tree()
     allocations = [n for n in _walk(tree) if n.tag == _EventType.Allocation]
     events = []
     for n in sorted(allocations, key=lambda n: n.start_time_ns):  # stable: ties keep tree order
@@ -365,7 +375,7 @@ def _cpu_allocation_events(prof: Any) -> list[tuple[int, int]]:
 def _cpu_total_deltas(prof: Any) -> list[int]:
     """Fallback: CPU ``[memory]`` byte deltas, with no usable addresses."""
     return [
-        int(e.nbytes()) for e in prof.profiler.kineto_results.events()
+        int(e.nbytes()) for e in prof.kineto_results.events()
         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
     ]
 
@@ -383,10 +393,7 @@ def _cpu_peak(run: Callable[[], None], grads: _GradState) -> tuple[int, str]:
     grads.clear()
     if not with_addresses:
         grads.zero_params()
-    gc.collect()
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-    ) as prof:
+    with _cpu_profile() as prof:
         run()
     if with_addresses:
         return peak_of_events(_cpu_allocation_events(prof), grads.param_grad_addresses()), (
@@ -411,7 +418,6 @@ def _record_cuda_history(device: torch.device, enabled: bool) -> None:
 
 def _cuda_peak(run: Callable[[], None], grads: _GradState, device: torch.device) -> tuple[int, str]:
     grads.clear()
-    gc.collect()
     torch.cuda.synchronize(device)
     try:
         _record_cuda_history(device, True)
@@ -485,16 +491,21 @@ def measure(
         for _ in range(warmup):
             grads.clear()
             run()
-        for _ in range(repeats):
-            grads.clear()
-            gc.collect()
-            if cuda:
-                torch.cuda.synchronize(dev)
-            start = time.perf_counter()
-            run()
-            if cuda:
-                torch.cuda.synchronize(dev)
-            times.append(time.perf_counter() - start)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # as timeit does: a cyclic collection would land in a random run
+        try:
+            for _ in range(repeats):
+                grads.clear()
+                if cuda:
+                    torch.cuda.synchronize(dev)
+                start = time.perf_counter()
+                run()
+                if cuda:
+                    torch.cuda.synchronize(dev)
+                times.append(time.perf_counter() - start)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         for _ in range(repeats):
             peak, method = _cuda_peak(run, grads, dev) if cuda else _cpu_peak(run, grads)
             peaks.append(peak)
