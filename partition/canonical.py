@@ -180,10 +180,10 @@ class _GraphForm:
 class _DagForm:
     """Canonical forms over a bare forward DAG: labels and value sizes, built from children.
 
-    Soft edges are not values in a :class:`ForwardDag`; they are written for nodes whose soft
-    predecessor lies in the same subgraph level only through the value wiring, so two DAG-only
-    subgraphs that differ only in soft-edge wiring between children may share a class. With a
-    Graph (the pipeline's path) soft inputs are data and are compared exactly.
+    Limitation: a :class:`ForwardDag` has no data for soft edges, so only each node's number of
+    predecessors reflects them; two DAG-only subgraphs that differ only in where their soft
+    edges come from may share a class. With a Graph (the pipeline's path) soft inputs are data
+    nodes and are compared exactly.
     """
 
     def __init__(self, h: "Hierarchy"):
