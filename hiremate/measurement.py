@@ -304,6 +304,11 @@ def _resolve_device(
                 break
         if dev is None:
             dev = tensors[0].device if tensors else torch.device("cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {dev} was asked for, but this torch has no usable CUDA device; pass "
+            "device='cpu' or leave device unset to take it from the model"
+        )
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     if dev.type not in ("cpu", "cuda"):

@@ -23,7 +23,7 @@ MIB = 2**20
 SLACK = 1 * KIB  # scalar losses and the grad seed are a few bytes each
 
 
-def _counting(name: str = "tap"):
+def _counting():
     """An identity autograd function whose backward counts its calls."""
     calls = {"n": 0}
 
@@ -304,6 +304,12 @@ def test_kwargs_reach_the_function():
 def test_bad_arguments_raise(kwargs):
     with pytest.raises(ConfigError):
         hiremate.measure(nn.Linear(2, 2), torch.randn(1, 2), **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_cuda_requested_without_cuda_raises():
+    with pytest.raises(ConfigError, match="CUDA"):
+        hiremate.measure(nn.Linear(2, 2), torch.randn(1, 2), device="cuda")
 
 
 def test_not_callable_raises():
