@@ -1,0 +1,112 @@
+"""The ``hiremate`` command line: ``demo`` and ``inspect`` (more commands join as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Sequence
+
+from hiremate.errors import HiremateError
+from hiremate.units import fmt_bytes
+
+
+def _build(name: str, layers: int | None, width: int | None, batch: int | None,
+           cost_model: str):
+    from hiremate import build_graph, zoo
+
+    model, sample = zoo.get(name, layers=layers, width=width, batch=batch)
+    start = time.perf_counter()
+    graph = build_graph(model, sample, cost_model=cost_model)
+    return model, sample, graph, time.perf_counter() - start
+
+
+def graph_summary(graph) -> dict:
+    """The figures ``inspect`` and ``demo`` print (HiRemate Table 3(a) columns)."""
+    from hiremate import autodiff_schedule, simulate
+
+    sim = simulate(graph, autodiff_schedule(graph))
+    return {
+        "forward ops (captured)": graph.meta.get("fwd_ops_before"),
+        "forward ops (after simplification)": len(graph.fwd_nodes),
+        "compute nodes": len(graph.nodes),
+        "data nodes": len(graph.data),
+        "capture path": graph.meta.get("capture_path"),
+        "autodiff peak (simulated)": fmt_bytes(sim.peak),
+        "iteration time (sum of nodes)": f"{sim.time * 1e3:.2f} ms",
+    }
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    _, _, graph, seconds = _build(args.name, args.layers, args.width, args.batch, args.cost_model)
+    print(f"{args.name}: graph built in {seconds:.2f} s")
+    for key, value in graph_summary(graph).items():
+        print(f"  {key:38s} {value}")
+    if args.partition:
+        from hiremate.partition import draw_hierarchy, make_partitioner
+
+        hierarchy = make_partitioner(args.partitioner).partition(graph)
+        print(f"hierarchy ({args.partitioner}):")
+        for key, value in hierarchy.summary().items():
+            print(f"  {key:38s} {value}")
+        if args.draw:
+            draw_hierarchy(hierarchy, args.draw)
+            print(f"  picture written to {args.draw}")
+    if args.save:
+        graph.save(args.save)
+        print(f"graph written to {args.save}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from hiremate import measure
+
+    model, sample, graph, seconds = _build(args.model, None, None, None, "measure")
+    print(f"hiremate demo on the zoo's {args.model!r} ({graph!r}), built in {seconds:.2f} s")
+    for key, value in graph_summary(graph).items():
+        print(f"  {key:38s} {value}")
+    call_args, kwargs = (((), sample) if isinstance(sample, dict)
+                         else ((sample if isinstance(sample, tuple) else (sample,)), {}))
+    eager = measure(model, *call_args, **kwargs)
+    print(f"  {'eager peak (measured)':38s} {fmt_bytes(eager.peak)}")
+    print(f"  {'eager iteration (measured)':38s} {eager.time * 1e3:.2f} ms")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hiremate", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the pipeline on a built-in model")
+    demo.add_argument("--model", default="gpt2", help="zoo model (default: gpt2)")
+    demo.set_defaults(func=cmd_demo)
+
+    inspect = sub.add_parser("inspect", help="build a zoo model's graph and print its sizes")
+    inspect.add_argument("name", help="zoo model name (see hiremate.zoo.names())")
+    inspect.add_argument("--layers", type=int)
+    inspect.add_argument("--width", type=int)
+    inspect.add_argument("--batch", type=int)
+    inspect.add_argument("--cost-model", default="flops", choices=("flops", "measure"))
+    inspect.add_argument("--partition", action="store_true", help="also print the hierarchy")
+    inspect.add_argument("--partitioner", default="hpartition")
+    inspect.add_argument("--draw", metavar="PNG", help="with --partition: write a picture")
+    inspect.add_argument("--save", metavar="JSON", help="write the graph to this file")
+    inspect.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except HiremateError as exc:
+        print(f"hiremate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
