@@ -21,8 +21,6 @@ from hiremate.zoo.fno import SpectralConv1d, SpectralConv3d
 from hiremate.zoo.regnet import RegNetBlock
 from hiremate.zoo.resnet import Bottleneck
 
-pytest.importorskip("transformers")
-
 ALL = [
     "fno1d", "fno3d", "gpt2", "mlp", "mlpmixer", "neox", "regnet", "resnet", "transformer",
     "unet", "vit",
