@@ -1,0 +1,109 @@
+"""The simulator against hand-computed figures and deliberately broken schedules."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hiremate import Compute, Delete, DataKind, InvalidScheduleError, autodiff_schedule, simulate
+from hiremate.synthetic import chain_graph, random_graph
+
+
+def test_chain_peak_and_time_by_hand():
+    # x -> a0 (10 B) -> a1 (20 B) -> a2 (30 B) -> loss; backward keeps grads of 20, 10 bytes
+    g = chain_graph([10, 20, 30], [1.0, 2.0, 3.0])
+    sim = simulate(g, autodiff_schedule(g))
+    assert sim.valid
+    # after the loss: a0 + a1 + a2 + tangent(30); bwd2 then allocates the grad of a1 (20)
+    assert sim.peak == 10 + 20 + 30 + 30 + 20
+    assert sim.time == pytest.approx(1 + 2 + 3 + 2 * (1 + 2 + 3))
+
+
+def test_overhead_counts_while_the_node_runs():
+    from hiremate.synthetic import DagOp, graph_from_dag
+
+    g = graph_from_dag([DagOp([-1], 100, 1.0, overhead=1000)], [8])
+    sim = simulate(g, autodiff_schedule(g))
+    assert sim.peak >= 100 + 1000
+
+
+def _first_fwd_consumer(graph):
+    for node in graph.fwd_nodes:
+        for d in node.inputs:
+            if graph.data[d].kind is DataKind.ACTIVATION:
+                return node, d
+    raise AssertionError("no activation read by a forward node")
+
+
+def test_rejects_use_of_deleted_data():
+    g = random_graph(3, 12)
+    steps = list(autodiff_schedule(g))
+    node, d = _first_fwd_consumer(g)
+    at = steps.index(Compute(node.id))
+    steps.insert(at, Delete(d))
+    sim = simulate(g, tuple(steps))
+    assert not sim.valid
+    assert sim.step == at + 1
+    assert g.data[d].name in sim.error and "not in memory" in sim.error
+    with pytest.raises(InvalidScheduleError) as info:
+        sim.raise_if_invalid()
+    assert info.value.step == at + 1
+
+
+def test_rejects_backward_before_its_inputs():
+    g = random_graph(4, 10)
+    steps = list(autodiff_schedule(g))
+    bwd = g.bwd_nodes[0]
+    steps.remove(Compute(bwd.id))
+    loss_at = steps.index(Compute(g.loss))
+    steps.insert(loss_at, Compute(bwd.id))
+    sim = simulate(g, tuple(steps))
+    assert not sim.valid and sim.step == loss_at
+    assert "backward" in sim.error
+
+
+def test_rejects_missing_gradients_at_the_end():
+    g = random_graph(5, 10)
+    grad = next(d.id for d in g.data if d.kind is DataKind.PARAM_GRAD)
+    steps = tuple(autodiff_schedule(g)) + (Delete(grad),)
+    sim = simulate(g, steps)
+    assert not sim.valid and sim.step == len(steps)
+    assert "gradients missing" in sim.error and g.data[grad].name in sim.error
+    # a schedule that stops before the backward never produces them either
+    upto_loss = tuple(autodiff_schedule(g))[: list(autodiff_schedule(g)).index(Compute(g.loss)) + 1]
+    assert "gradients missing" in simulate(g, upto_loss).error
+
+
+def test_rejects_deleting_sources_and_outputs_and_double_loss():
+    g = chain_graph([10, 20], [1.0, 1.0])
+    base = list(autodiff_schedule(g))
+    param = next(d.id for d in g.data if d.kind is DataKind.PARAM)
+    assert "cannot be deleted" in simulate(g, (Delete(param), *base)).error
+    out = g.outputs[0]
+    sched = base[: base.index(Compute(g.loss)) + 1] + [Delete(out)]
+    assert "model output" in simulate(g, tuple(sched)).error
+    twice = base[: base.index(Compute(g.loss)) + 1] + [Compute(g.loss)]
+    assert "loss node runs twice" in simulate(g, tuple(twice)).error
+    assert "no compute node" in simulate(g, (Compute(999),)).error
+
+
+def test_recomputation_costs_time_and_counts_duplicates():
+    g = chain_graph([10, 20, 30], [1.0, 2.0, 3.0])
+    base = autodiff_schedule(g)
+    extra = tuple(base) + (Compute(0),)
+    sim = simulate(g, extra)
+    assert sim.valid
+    assert sim.time == pytest.approx(simulate(g, base).time + 1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 25), inputs=st.integers(1, 3))
+def test_autodiff_is_valid_and_profile_consistent(seed, n, inputs):
+    g = random_graph(seed, n, n_inputs=inputs)
+    sim = simulate(g, autodiff_schedule(g))
+    assert sim.valid, sim.error
+    assert sim.peak >= max(sim.profile)
+    # every counted datum that is not kept at the end is freed
+    kept = sum(g.data[d].size for d in set(g.outputs) | set(g.final_data) if g.data[d].counted)
+    assert sim.profile[-1] == kept
