@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -99,6 +100,84 @@ def phases_to_schedule(graph: Graph, phases: Phases) -> Schedule:
 def autodiff_phases(graph: Graph) -> Phases:
     """Store-everything: each phase runs only its own node."""
     return [[t] for t in range(len(graph.nodes))]
+
+
+def recompute_phases(graph: Graph) -> Phases:
+    """Least memory in phase form: each phase recomputes every forward ancestor of its node
+    (forward values then never outlive their phase); gradients are kept until read."""
+    loss = graph.loss
+    data = graph.data
+    anc: list[set[int]] = []
+    for node in graph.nodes:
+        need: set[int] = set()
+        for d in node.inputs:
+            p = data[d].producer
+            if p is not None and p < loss:
+                need.add(p)
+                need |= anc[p]
+        anc.append(need)
+    return [sorted(anc[t] | {t}) for t in range(len(graph.nodes))]
+
+
+def warm_start(graph: Graph, model: HilpModel, budget: int, save_budget: int | None,
+               lp_time: float) -> Phases | None:
+    """A feasible schedule to start from: store-all, else the LP relaxation rounded at a few
+    thresholds, else full recomputation; the fastest that fits. Any phases give a valid schedule
+    once freed eagerly, so only the budgets need checking."""
+    def fits(phases: Phases) -> float:
+        sched = phases_to_schedule(graph, phases)
+        sim = simulate(graph, sched)
+        if not sim.valid or sim.peak > budget:
+            return math.inf
+        if save_budget is not None and _memory_before_loss(graph, sched) > save_budget:
+            return math.inf
+        return sim.time
+
+    base = autodiff_phases(graph)
+    if fits(base) < math.inf:
+        return base
+    candidates = [recompute_phases(graph)]
+    lp = solve_milp(model.milp, "highs", time_limit=lp_time, relax=True)
+    if lp.x is not None:
+        T = len(graph.nodes)
+        rt, rk = np.tril_indices(T)
+        val = lp.x[model.r(rt, rk)]
+        for theta in (0.5, 0.25, 0.1, 0.75, 0.9, 0.01):
+            on = (val >= theta) | (rt == rk)
+            ph: Phases = [[] for _ in range(T)]
+            for t, k in zip(rt[on].tolist(), rk[on].tolist()):
+                if k != graph.loss or t == graph.loss:
+                    ph[t].append(k)
+            candidates.append(ph)
+        for theta in (0.5, 0.25, 0.75, 0.1, 0.9):
+            candidates.append(_phases_from_kept(graph, model, lp.x, theta))
+    scored = [(fits(ph), i) for i, ph in enumerate(candidates)]
+    best, i = min(scored)
+    return candidates[i] if best < math.inf else None
+
+
+def _phases_from_kept(graph: Graph, model: HilpModel, x: np.ndarray, theta: float) -> Phases:
+    """Checkmate-style rounding: a forward value is kept into phase t when its LP ``P`` is at
+    least ``theta``; each phase recomputes the producers of the values it needs and lacks."""
+    T, loss = len(graph.nodes), graph.loss
+    jof = {int(d): j for j, d in enumerate(model.data_ids)}
+    phases: Phases = []
+    for t in range(T):
+        run = {t}
+        stack = [t]
+        while stack:
+            k = stack.pop()
+            for d in graph.nodes[k].inputs:
+                p = graph.data[d].producer
+                if p is None or p >= loss or p in run or p >= t:
+                    continue
+                idx = int(model.p(jof[d], t))
+                if idx >= 0 and x[idx] >= theta:
+                    continue
+                run.add(p)
+                stack.append(p)
+        phases.append(sorted(run))
+    return phases
 
 
 def assignment(model: HilpModel, graph: Graph, phases: Phases) -> np.ndarray:
@@ -197,16 +276,17 @@ class HilpSolver:
         model = self.build(graph, budget, save_budget)
         hint_phases: Phases | None = None
         hint = None
+        ws_start = time.perf_counter()
         if self.config.warm_start:
-            base = autodiff_phases(graph)
-            sim = simulate(graph, phases_to_schedule(graph, base))
-            before_loss = _memory_before_loss(graph, phases_to_schedule(graph, base))
-            if sim.valid and sim.peak <= budget and (save_budget is None
-                                                     or before_loss <= save_budget):
-                hint_phases, hint = base, assignment(model, graph, base)
+            hint_phases = warm_start(graph, model, budget, save_budget,
+                                     lp_time=0.25 * self.config.time_limit)
+            if hint_phases is not None:
+                hint = assignment(model, graph, hint_phases)
         cfg = self.config
         res: MilpResult = solve_milp(
-            model.milp, cfg.backend, cfg.time_limit, cfg.mip_gap, hint, cfg.threads,
+            model.milp, cfg.backend,
+            max(cfg.time_limit - (time.perf_counter() - ws_start), 0.05 * cfg.time_limit),
+            cfg.mip_gap, hint, cfg.threads,
             pulp_solver=cfg.pulp_solver)
         log.info("%s/%s on %d nodes, budget %s: %s, objective %.6g in %.2fs (+%.2fs build)",
                  self.name, cfg.backend, len(graph.nodes), fmt_bytes(budget), res.status,
