@@ -15,7 +15,7 @@ Operations (Table 1 of the paper), each *replacing* its inputs by its outputs:
 - ``B(k)``: backward; frees ``δ^k``, ``ā^k`` and ``a^{k-1}`` and stores ``δ^{k-1}``.
 
 Deletions are implied by the operations (they are what the chain DPs reason about);
-:func:`chain_step` reports what each operation frees, and :mod:`solvers.chain_graph` turns a
+:func:`chain_step` reports what each operation frees, and :func:`ops_to_schedule` turns a
 sequence into ``Delete`` steps of a graph schedule. A value that exists only inside ``ā^{k}``
 is not freed by ``F_e(k+1)`` or ``B(k+1)``: ``ā^k`` lives until ``B(k)``. The input ``a^0`` is
 held by the caller and never freed.
@@ -297,3 +297,137 @@ def store_all_ops(chain: Chain) -> tuple[ChainOp, ...]:
     """``F_all(1..n) B(n..1)``: the sequence without recomputation."""
     n = chain.n
     return tuple([F_all(k) for k in range(1, n + 1)] + [B(k) for k in range(n, 0, -1)])
+
+
+# -- chain-shaped hiremate graphs ------------------------------------------------------------
+@dataclass(frozen=True)
+class GraphChain:
+    """Where the stages of a chain-shaped :class:`~hiremate.graph.Graph` live.
+
+    Stage ``k < n`` is forward node ``fwd[k-1]`` and its backward partner; the last stage
+    (the loss stage) is the last forward node, whose backward is the loss node followed by the
+    last forward node's partner (so the model output, which the caller owns, is produced once).
+    ``act[k]`` is the data id of ``a^k`` (``None`` for the user input), ``grad[k]`` the data ids
+    of ``δ^k``, ``bwd_internal`` the data produced and consumed inside the loss stage's backward,
+    ``tail`` the backward nodes that run after ``B(1)`` (sums of input gradients).
+    """
+
+    chain: Chain
+    fwd: tuple[int, ...]
+    bwd: tuple[tuple[int, ...], ...]
+    act: tuple[int | None, ...]
+    grad: tuple[tuple[int, ...], ...]
+    bwd_internal: tuple[int, ...]
+    tail: tuple[int, ...]
+    protected: frozenset[int]
+    tail_need: int
+
+
+def graph_chain(graph) -> tuple[GraphChain | None, str]:
+    """Recognise a chain-shaped graph: ``(GraphChain, "")`` or ``(None, why not)``."""
+    from hiremate.graph import DataKind
+
+    data = graph.data
+    nodes = graph.nodes
+    counted = lambda ids: [d for d in ids if data[d].counted]  # noqa: E731
+    fwd = [nd for nd in nodes if nd.is_fwd]
+    if not fwd:
+        return None, "the graph has no forward node"
+    n = len(fwd)
+    act: list[int | None] = [None]
+    for i, f in enumerate(fwd):
+        outs = counted(f.outputs)
+        if len(f.outputs) != 1 or len(outs) != 1 or data[outs[0]].kind is not DataKind.ACTIVATION:
+            return None, f"forward node {f.name!r} does not produce exactly one activation"
+        ins = counted(f.inputs)
+        expect = [] if i == 0 else [act[-1]]
+        if ins != expect:
+            return None, f"forward node {f.name!r} does not read exactly the previous activation"
+        if f.partner is None or not nodes[f.partner].is_bwd:
+            return None, f"forward node {f.name!r} has no backward partner"
+        act.append(outs[0])
+    loss = nodes[graph.loss]
+    if counted(loss.inputs) != [act[n]]:
+        return None, "the loss node does not read exactly the last activation"
+    tangent = tuple(counted(loss.outputs))
+    bwd_of = [nodes[f.partner] for f in fwd]
+    grad: list[tuple[int, ...]] = [()] * (n + 1)
+    for k in range(n, 0, -1):
+        b = bwd_of[k - 1]
+        incoming = tangent if k == n else grad[k]
+        allowed = set(incoming) | {act[k]} | ({act[k - 1]} if k > 1 else set())
+        if not set(counted(b.inputs)) <= allowed:
+            return None, f"backward node {b.name!r} reads values outside its stage"
+        grad[k - 1] = tuple(counted(b.outputs))
+    partner_ids = {b.id for b in bwd_of}
+    tail = [nd for nd in nodes if nd.is_bwd and nd.id not in partner_ids]
+    if n + 1 + n + len(tail) != len(nodes):
+        return None, "the graph has nodes outside the chain"
+    # users of each activation stay within the neighbouring stages
+    for k in range(1, n + 1):
+        ok = {fwd[k - 1].partner} | ({fwd[k].id, fwd[k].partner} if k < n else {loss.id})
+        if not set(graph.users(act[k])) <= ok:
+            return None, f"activation {data[act[k]].name!r} is read outside its stages"
+    tail_ids = {nd.id for nd in tail}
+    for g in grad[0]:
+        if not set(graph.users(g)) <= tail_ids:
+            return None, "the input gradients are read by a non-final node"
+    protected = frozenset(graph.outputs) | frozenset(graph.final_data)
+    size = lambda ids: sum(data[d].size for d in ids if data[d].counted)  # noqa: E731
+    x = [0] + [data[a].size for a in act[1:]]
+    delta = [size(g) for g in grad[:n]] + [0]
+    o_f = [f.overhead for f in fwd]
+    o_b = [b.overhead for b in bwd_of]
+    tau = size(tangent)
+    o_b[n - 1] = max(tau + loss.overhead - delta[n - 1], tau + bwd_of[n - 1].overhead)
+    kept = x[n] if act[n] in protected else 0
+    chain = Chain(
+        fwd_time=tuple(f.time for f in fwd),
+        bwd_time=tuple(b.time for b in bwd_of[:-1]) + (loss.time + bwd_of[-1].time,),
+        x=tuple(x), xbar=tuple(x[1:]), delta=tuple(delta),
+        fwd_overhead=tuple(o_f), bwd_overhead=tuple(o_b), kept_after_loss=kept,
+    )
+    # memory while the tail runs (its nodes in order, then the partial gradients freed)
+    alive = kept + delta[0]
+    need = alive
+    for nd in tail:
+        need = max(need, alive + size(nd.outputs) + nd.overhead)
+        alive += size(nd.outputs)
+    bwd = tuple((b.id,) for b in bwd_of[:-1]) + ((loss.id, bwd_of[-1].id),)
+    return GraphChain(chain, tuple(f.id for f in fwd), bwd, tuple(act), tuple(grad), tangent,
+                      tuple(nd.id for nd in tail), protected, int(need)), ""
+
+
+def ops_to_schedule(gc: GraphChain, ops: Sequence[ChainOp]):
+    """Turn a valid chain sequence into a graph :data:`~hiremate.schedule.Schedule`: each
+    operation computes its nodes, then deletes what the chain model frees (never the model
+    outputs); the tail nodes run at the end."""
+    from hiremate.schedule import Compute, Delete
+
+    chain = gc.chain
+    state = initial_state(chain)
+    steps: list = []
+
+    def drop(ids) -> None:
+        steps.extend(Delete(d) for d in ids if d is not None and d not in gc.protected)
+
+    for op in ops:
+        state, _, freed = chain_step(chain, state, op)
+        k = op.stage
+        if op.kind is OpKind.B:
+            steps.extend(Compute(node) for node in gc.bwd[k - 1])
+            if k == chain.n:
+                drop(gc.bwd_internal)
+        else:
+            steps.append(Compute(gc.fwd[k - 1]))
+        for what, j in freed:
+            if what == "delta":
+                drop(gc.grad[j])
+            elif j >= 1:
+                drop([gc.act[j]])
+    if state.grad != 0:
+        raise ValueError("the chain sequence does not compute δ^0")
+    steps.extend(Compute(node) for node in gc.tail)
+    if gc.tail:
+        drop(gc.grad[0])
+    return tuple(steps)

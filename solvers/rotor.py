@@ -140,55 +140,96 @@ class PersistentTable:
     run after the turn, and their callers account for it).
     """
 
-    def __init__(self, model: StageModel, slots: int):
+    def __init__(self, model: StageModel, slots: int, dtype=np.float32):
         self.model = model
         self.slots = int(slots)
         n = model.n
         S = self.slots
+        self.dtype = dtype
         self.pf = _prefix(model.fe_time)
         self.need = model.empty_forward_need()
         self.P = int(model.kept_after_loss)
         self.mrange = np.arange(S + 1, dtype=float)
-        self.rows: list[np.ndarray] = [np.empty((0, S + 1))] * (n + 2)
-        self.cols: list[np.ndarray] = [np.full((t + 1, S + 1), np.inf) for t in range(n + 1)]
+        self.rows: list[np.ndarray] = [np.empty((0, S + 1), dtype)] * (n + 2)
+        # cols[t][s'] = C[s', t, m - x[s'-1]] + pf[s'-1]: what every start s < s' reads
+        self.cols: list[np.ndarray] = [np.full((t + 1, S + 1), np.inf, dtype)
+                                       for t in range(n + 1)]
         self.times: list[np.ndarray] = [ft + bt for ft, bt in zip(model.ft, model.bt)]
         self._fill()
 
     def cost(self, s: int, t: int) -> np.ndarray:
         return self.rows[s][t - s]
 
-    def _option_values(self, s: int, t: int, nxt: np.ndarray | None) -> np.ndarray:
-        """Best ``F_all``-type start at ``s`` for every ``m`` (``inf`` where impossible)."""
-        md = self.model
-        thr = np.maximum(md.delta[t] + md.fpeak[s],
-                         md.delta[s] + md.bpeak[s] + (self.P if (t == md.n and s < md.n) else 0))
-        times = self.times[s]
-        if nxt is None:
-            vals = np.broadcast_to(times[:, None], (len(times), self.slots + 1))
-        else:
-            vals = np.stack([_shift(nxt, k) for k in md.keep[s]]) + times[:, None]
-        vals = np.where(self.mrange[None, :] >= thr[:, None], vals, np.inf)
-        return vals.min(axis=0)
-
-    def _fill(self) -> None:
+    def _start_all(self, s: int) -> np.ndarray:
+        """``F_all``-type starts of ``s`` for every end ``t = s..n`` at once (row ``t - s``):
+        ``min_o time_o + C[s+1, t, m - keep_o]`` where option ``o``'s memory fits.
+        Row ``s + 1`` is complete before row ``s`` starts, so this is one vectorised step."""
         md = self.model
         n = md.n
-        S = self.slots
+        S1 = self.slots + 1
+        ts = np.arange(s, n + 1)
+        out = np.full((len(ts), S1), np.inf, self.dtype)
+        nxt = self.rows[s + 1] if s < n else np.empty((0, S1), self.dtype)
+        padded = np.concatenate([np.full((len(ts) - 1, S1), np.inf, self.dtype), nxt], axis=1)
+        Pt = np.where((ts == n) & (s < n), self.P, 0)
+        for o in range(len(self.times[s])):
+            lo = np.ceil(np.maximum(md.delta[ts] + md.fpeak[s][o],
+                                    md.delta[s] + md.bpeak[s][o] + Pt) - _EPS)
+            ok = self.mrange[None, :] >= lo[:, None]
+            # t == s: the stage alone; t > s: then the rest with keep_o less memory
+            first = np.where(ok[0], self.times[s][o], np.inf)
+            np.minimum(out[0], first, out=out[0])
+            if len(ts) > 1:
+                k = int(min(md.keep[s][o], S1))
+                vals = padded[:, S1 - k: 2 * S1 - k] + self.dtype(self.times[s][o])
+                vals[~ok[1:]] = np.inf
+                np.minimum(out[1:], vals, out=out[1:])
+        return out
+
+    def _fill(self) -> None:
+        """Fill the table, start ``s`` from ``n`` down to 1 and end ``t`` upwards.
+
+        Two cuts keep the ``O(n^3 S)`` part small: a checkpoint start is only evaluated on
+        memories where both of its sub-chains can be finite (their first finite entries are
+        tracked), and not where an ``F_all`` start already reaches the no-recomputation time.
+        """
+        md = self.model
+        n = md.n
+        S1 = self.slots + 1
+        scratch = np.empty((n + 1, S1), self.dtype)
+        first = np.full((n + 2, n + 2), S1, dtype=np.int64)  # first finite m of C[s, t]
+        xi = md.x.astype(np.int64)
+        best_time = np.array([0.0] + [float(np.min(self.times[k])) for k in range(1, n + 1)])
         for s in range(n, 0, -1):
-            row = np.full((n - s + 1, S + 1), np.inf)
+            row = self._start_all(s)
             self.rows[s] = row
+            xs = int(md.x[s - 1])
+            lb = 0.0
             for t in range(s, n + 1):
-                nxt = self.rows[s + 1][t - s - 1] if t > s else None
-                best = self._option_values(s, t, nxt)
+                lb += best_time[t]
+                best = row[t - s]
                 if t > s:
-                    part = row[0: t - s]
-                    if t == n and self.P:
-                        part = _shift(part, self.P)
-                    ck = (self.cols[t][s + 1: t + 1] + part).min(axis=0) - self.pf[s - 1]
-                    ck[self.mrange < md.delta[t] + self.need[s, t]] = np.inf
-                    best = np.minimum(best, ck)
-                row[t - s] = best
-                self.cols[t][s] = _shift(best, md.x[s - 1]) + self.pf[s - 1]
+                    k = t - s
+                    Pt = self.P if t == n else 0
+                    sps = np.arange(s + 1, t + 1)
+                    starts = np.maximum(first[sps, t] + xi[sps - 1], first[s, sps - 1] + Pt)
+                    lo = max(int(starts.min()),
+                             int(math.ceil(md.delta[t] + self.need[s, t] - _EPS)), 0)
+                    done = np.flatnonzero(best <= lb * (1 + 1e-6) + 1e-9)
+                    hi = int(done[0]) if len(done) else S1
+                    if lo < hi:
+                        part = row[0:k, lo - Pt: hi - Pt] if lo >= Pt else \
+                            _shift(row[0:k], Pt)[:, lo:hi]
+                        buf = scratch[:k, : hi - lo]
+                        np.add(self.cols[t][s + 1: t + 1, lo:hi], part, out=buf)
+                        ck = buf.min(axis=0)
+                        ck -= self.pf[s - 1]
+                        np.minimum(best[lo:hi], ck, out=best[lo:hi])
+                fin = np.flatnonzero(np.isfinite(best))
+                first[s, t] = int(fin[0]) if len(fin) else S1
+                col = self.cols[t][s]
+                if xs < S1:
+                    np.add(best[: S1 - xs], self.pf[s - 1], out=col[xs:])
 
     def sequence(self, m: int | None = None) -> list[tuple]:
         """Operations of the optimal sequence for the whole chain with ``m`` slots (default:
@@ -254,30 +295,47 @@ class PersistentTable:
 def min_memory(model: StageModel) -> tuple[float, list[tuple]]:
     """Smallest memory (beyond ``x[0]``) for which a persistent sequence exists, with exact
     sizes, and one such sequence (the same recursion as :class:`PersistentTable`, with
-    ``max`` for ``+`` and ``min`` over choices)."""
+    ``max`` for ``+`` and ``min`` over choices). Entries of one diagonal ``t - s`` depend only
+    on shorter sub-chains, so each diagonal is one vectorised step."""
     n = model.n
     P = model.kept_after_loss
     need = model.empty_forward_need()
     mm = np.full((n + 2, n + 2), np.inf)
     arg: dict[tuple[int, int], tuple] = {}
-    for s in range(n, 0, -1):
-        for t in range(s, n + 1):
-            Pb = P if (t == n and s < n) else 0.0
-            base = np.maximum(model.delta[t] + model.fpeak[s], model.delta[s] + model.bpeak[s] + Pb)
-            if t > s:
-                base = np.maximum(base, model.keep[s] + mm[s + 1, t])
-            o = int(np.argmin(base))
-            best, choice = float(base[o]), ("all", o)
-            if t > s:
-                sps = np.arange(s + 1, t + 1)
-                vals = np.maximum(model.x[sps - 1] + mm[sps, t],
-                                  mm[s, sps - 1] + (P if t == n else 0.0))
-                i = int(np.argmin(vals))
-                val = max(float(vals[i]), model.delta[t] + need[s, t])
-                if val < best:
-                    best, choice = val, ("ck", int(sps[i]))
-            mm[s, t] = best
-            arg[(s, t)] = choice
+    nopt = max(len(k) for k in model.keep[1:])
+    # per-stage variant arrays padded to nopt (inf where a stage has fewer variants)
+    fpk = np.full((n + 2, nopt), np.inf)
+    bpk = np.full((n + 2, nopt), np.inf)
+    kp = np.full((n + 2, nopt), np.inf)
+    for k in range(1, n + 1):
+        q = len(model.keep[k])
+        fpk[k, :q], bpk[k, :q], kp[k, :q] = model.fpeak[k], model.bpeak[k], model.keep[k]
+    delta, x = model.delta, model.x
+    for d in range(0, n):
+        s = np.arange(1, n - d + 1)
+        t = s + d
+        Pb = np.where((t == n) & (s < n), P, 0.0)
+        base = np.maximum(delta[t][:, None] + fpk[s], (delta[s] + Pb)[:, None] + bpk[s])
+        if d > 0:
+            base = np.maximum(base, kp[s] + mm[s + 1, t][:, None])
+        o = np.argmin(base, axis=1)
+        best = base[np.arange(len(s)), o]
+        kind = np.zeros(len(s), dtype=int)
+        choice = o.copy()
+        if d > 0:
+            off = np.arange(1, d + 1)
+            sp = s[:, None] + off[None, :]
+            vals = np.maximum(x[sp - 1] + mm[sp, t[:, None]],
+                              mm[s[:, None], sp - 1] + np.where(t == n, P, 0.0)[:, None])
+            i = np.argmin(vals, axis=1)
+            ckv = np.maximum(vals[np.arange(len(s)), i], delta[t] + need[s, t])
+            better = ckv < best
+            best = np.where(better, ckv, best)
+            kind = np.where(better, 1, 0)
+            choice = np.where(better, sp[np.arange(len(s)), i], o)
+        mm[s, t] = best
+        for j in range(len(s)):
+            arg[(int(s[j]), int(t[j]))] = ("ck" if kind[j] else "all", int(choice[j]))
     ops: list[tuple] = []
     stack: list[tuple] = [("solve", 1, n)]
     while stack:
