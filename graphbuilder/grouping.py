@@ -132,6 +132,12 @@ def group_joint(cap: JointCapture) -> Grouping:
         target = node.target
         if target is operator.getitem:
             base = node.args[0]
+            if base.name in inline:  # an item of a split of a source: inlined like the split
+                inline[node.name] = node
+                owner[node.name] = owner[inline_root(base.name, inline, rename)]
+                if phase is NodeKind.FWD and node.name == cap.last_forward:
+                    phase = NodeKind.BWD
+                continue
             g = group_of_node[base.name]
             kind = op_kind(base.target)
             owner[node.name] = owner[base.args[0].name] if kind.returns_views else node.name
@@ -146,8 +152,9 @@ def group_joint(cap: JointCapture) -> Grouping:
         kind = op_kind(target)
         seq = node.meta.get("seq_nr")
         val = node.meta.get("val")
-        if kind.view_of is not None:
-            base = node.args[kind.view_of]
+        if kind.view_of is not None or kind.returns_views:
+            # a view, or a list of views (split): joins the node owning the storage
+            base = node.args[kind.view_of or 0]
             base_name = rename.get(base.name, base.name)
             o = owner.get(base_name, base_name)
             if base.name in inline:

@@ -13,6 +13,13 @@ import torch
 
 #: ops that return a tensor sharing storage although their schema does not say so
 _HIDDEN_VIEWS = {"aten::_unsafe_view", "aten::alias", "aten::lift_fresh"}
+#: ops that write into arguments although their schema does not say so (the running
+#: statistics of the legacy batch-norm kernels)
+_HIDDEN_WRITES = {
+    "aten::native_batch_norm": (3, 4),
+    "aten::cudnn_batch_norm": (3, 4),
+    "aten::miopen_batch_norm": (3, 4),
+}
 #: "*_like" factories that read only the metadata of their first argument, and the
 #: plain factory that builds the same tensor from a shape
 LIKE_FACTORIES = {
@@ -47,6 +54,8 @@ def op_kind(target: Any) -> OpKind:
         i for i, a in enumerate(schema.arguments)
         if a.alias_info is not None and a.alias_info.is_write
     )
+    if target._overloadname == "default":
+        writes = writes + _HIDDEN_WRITES.get(schema.name, ())
     random = torch.Tag.nondeterministic_seeded in target.tags
     returns = schema.returns
     if schema.name in _HIDDEN_VIEWS:
