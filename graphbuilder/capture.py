@@ -2,10 +2,12 @@
 
 Paths, tried in order until one succeeds (DESIGN.md, "Capture"):
 
-1. ``export``: ``torch.export.export(strict=False)`` flattens the model into ATen (it copes with
-   the Python-level checks of Hugging Face models), then ``make_fx`` traces a function that runs
-   the exported module functionally and calls ``torch.autograd.grad``.
-2. ``make_fx``: the same joint tracing directly on the original module.
+1. ``make_fx``: ``make_fx`` (fake tensors) traces a function that runs the original module
+   functionally and calls ``torch.autograd.grad``; the fastest path (about half the time of
+   the next one on GPT2).
+2. ``export``: ``torch.export.export(strict=False)`` first flattens the model into ATen (it
+   copes with Python-level checks that fake tensors alone trip on), then the same joint tracing
+   runs on the exported module.
 
 During tracing, hooks on the autograd graph (the ones AOTAutograd uses) tag every backward op
 with the ``seq_nr`` of the forward op it differentiates; that is how backward ops are paired
@@ -60,7 +62,7 @@ def capture(model: torch.nn.Module, sample: Any) -> JointCapture:
     """Trace ``model`` on ``sample``; raise :class:`GraphCaptureError` naming every failed path."""
     args, kwargs = normalise_sample(sample)
     attempts: dict[str, str] = {}
-    for path in ("export", "make_fx"):
+    for path in ("make_fx", "export"):
         try:
             if path == "export":
                 exported = torch.export.export(model, args, kwargs=kwargs, strict=False)
