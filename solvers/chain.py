@@ -431,3 +431,54 @@ def ops_to_schedule(gc: GraphChain, ops: Sequence[ChainOp]):
     if gc.tail:
         drop(gc.grad[0])
     return tuple(steps)
+
+
+class ChainGraphSolver:
+    """Base of the solvers that schedule chain-shaped graphs through a :class:`Chain`.
+
+    Subclasses give ``name``, ``solve_chain(chain, budget) -> ChainSolution`` and
+    ``chain_min_budget(chain) -> float`` (the smallest budget ``solve_chain`` accepts).
+    """
+
+    name = "chain"
+
+    def applicable(self, graph) -> bool:
+        return graph_chain(graph)[0] is not None
+
+    def min_budget(self, graph) -> int:
+        """Smallest budget (bytes) this solver can schedule ``graph`` in."""
+        gc = self._structure(graph)
+        return max(int(math.ceil(self.chain_min_budget(gc.chain) - 1e-9)), gc.tail_need)
+
+    def schedule(self, graph, budget: int):
+        """A schedule of ``graph`` whose simulated peak is at most ``budget`` bytes."""
+        from hiremate.errors import InfeasibleBudgetError
+        from hiremate.units import fmt_bytes
+
+        gc = self._structure(graph)
+        need = max(int(math.ceil(self.chain_min_budget(gc.chain) - 1e-9)), gc.tail_need)
+        if budget < need:
+            raise InfeasibleBudgetError(
+                f"{self.name}: budget {fmt_bytes(budget)} is below the {fmt_bytes(need)} this "
+                f"chain of {gc.chain.n} stages needs; raise the budget or use a solver that "
+                "recomputes more", min_budget=need)
+        try:
+            sol = self.solve_chain(gc.chain, budget)
+        except ValueError as exc:
+            raise InfeasibleBudgetError(f"{self.name}: {exc}", min_budget=need) from exc
+        return ops_to_schedule(gc, sol.ops)
+
+    def _structure(self, graph) -> GraphChain:
+        from hiremate.errors import SolverError
+
+        gc, why = graph_chain(graph)
+        if gc is None:
+            raise SolverError(f"{self.name} schedules chain-shaped graphs only: {why}; use a "
+                              "general-graph solver (e.g. H-ILP) for this graph")
+        return gc
+
+    def solve_chain(self, chain: Chain, budget: float) -> ChainSolution:
+        raise NotImplementedError
+
+    def chain_min_budget(self, chain: Chain) -> float:
+        raise NotImplementedError

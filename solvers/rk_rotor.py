@@ -35,7 +35,7 @@ import numpy as np
 
 from hiremate.option import Option, pareto_front
 from hiremate.solvers.rotor import (
-    DEFAULT_SLOTS, PersistentTable, StageModel, _slot_size, min_memory,
+    DEFAULT_SLOTS, PersistentTable, StageModel, _discretise, min_memory,
 )
 
 
@@ -263,8 +263,9 @@ def solve_blocks(bc: BlockChain, budget: float, slots: int = DEFAULT_SLOTS) -> B
     exact_min, min_ops = min_memory(model)
     if avail < exact_min - 1e-12 * max(1.0, abs(exact_min)):
         raise ValueError(f"budget {budget} is below the minimum {bc.x[0] + exact_min}")
-    table = PersistentTable(model.scaled(_slot_size(avail, slots)), slots)
-    seq = table.sequence() if np.isfinite(table.cost(1, model.n)[slots]) else min_ops
+    scaled, S = _discretise(model, avail, slots)
+    table = PersistentTable(scaled, S)
+    seq = table.sequence() if np.isfinite(table.cost(1, model.n)[S]) else min_ops
     ops = _block_ops(seq, bc.L)
     res = simulate_blocks(bc, ops)
     if not res.valid or res.peak > budget * (1 + 1e-9) + 1e-9:

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from hiremate.solvers.chain import (
-    B, Chain, ChainOp, ChainSolution, F_all, F_ck, F_e, solution,
+    B, Chain, ChainGraphSolver, ChainOp, ChainSolution, F_all, F_ck, F_e, solution,
 )
 
 log = logging.getLogger(__name__)
@@ -359,8 +359,15 @@ def _to_chain_ops(seq: Sequence[tuple]) -> list[ChainOp]:
     return [conv[item[0]](item[1]) for item in seq]
 
 
-def _slot_size(avail: float, slots: int) -> float:
-    return avail / slots if avail > 0 else 1.0
+def _discretise(model: StageModel, avail: float, slots: int) -> tuple[StageModel, int]:
+    """Sizes in slots and the slot count: ``avail / slots`` per slot, or one unit per slot
+    (exact) when sizes are whole numbers and ``avail <= slots``."""
+    sizes = np.concatenate([model.x, model.delta, model.fe_mem, *model.keep[1:],
+                            *model.fpeak[1:], *model.bpeak[1:], [model.kept_after_loss]])
+    if 1 <= avail <= slots and np.all(sizes == np.round(sizes)):
+        S = int(math.floor(avail))
+        return model.scaled(1.0), S
+    return model.scaled(avail / slots if avail > 0 else 1.0), slots
 
 
 # -- chain-level entry points ------------------------------------------------------------------
@@ -378,8 +385,9 @@ def solve_persistent(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) ->
     if avail < exact_min - 1e-12 * max(1.0, abs(exact_min)):
         raise ValueError(f"budget {budget} is below the persistent minimum "
                          f"{chain.x[0] + exact_min}")
-    table = PersistentTable(model.scaled(_slot_size(avail, slots)), slots)
-    if np.isfinite(table.cost(1, chain.n)[slots]):
+    scaled, S = _discretise(model, avail, slots)
+    table = PersistentTable(scaled, S)
+    if np.isfinite(table.cost(1, chain.n)[S]):
         return solution(chain, _to_chain_ops(table.sequence()), budget)
     log.info("rotor: budget within %d slots of the minimum; using the minimum-memory sequence",
              slots)
@@ -538,10 +546,60 @@ def solve_weak(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) -> Chain
     model = StageModel.from_chain(chain)
     avail = budget - chain.x[0]
     if avail >= 0:
-        table = WeakTable(model.scaled(_slot_size(avail, slots)), slots)
-        if np.isfinite(table.get(1, 1, chain.n)[slots]):
+        scaled, S = _discretise(model, avail, slots)
+        table = WeakTable(scaled, S)
+        if np.isfinite(table.get(1, 1, chain.n)[S]):
             return solution(chain, _to_chain_ops(table.sequence()), budget)
     exact_min, min_ops = min_memory(model)
     if avail >= exact_min - 1e-12 * max(1.0, abs(exact_min)):
         return solution(chain, _to_chain_ops(min_ops), budget)
     raise ValueError(f"budget {budget} is below the minimum {chain.x[0] + exact_min}")
+
+
+# -- graph-level solvers -----------------------------------------------------------------------
+class RotorPersistent(ChainGraphSolver):
+    """Rotor's optimal persistent sequence (Algorithms 3-4) on a chain-shaped graph."""
+
+    name = "rotor-persistent"
+
+    def __init__(self, slots: int = DEFAULT_SLOTS):
+        self.slots = slots
+
+    def solve_chain(self, chain: Chain, budget: float) -> ChainSolution:
+        return solve_persistent(chain, budget, self.slots)
+
+    def chain_min_budget(self, chain: Chain) -> float:
+        return persistent_min_budget(chain)
+
+
+class Rotor(ChainGraphSolver):
+    """Rotor's optimal sequence (weakly persistent DP, Algorithms 1-2): optimal over all
+    sequences, ``O(n^5 S)``, so for chains of a few dozen stages. Its minimum budget is the
+    persistent one (an upper bound of the true minimum)."""
+
+    name = "rotor"
+
+    def __init__(self, slots: int = DEFAULT_SLOTS):
+        self.slots = slots
+
+    def solve_chain(self, chain: Chain, budget: float) -> ChainSolution:
+        return solve_weak(chain, budget, self.slots)
+
+    def chain_min_budget(self, chain: Chain) -> float:
+        return persistent_min_budget(chain)
+
+
+def _registry() -> dict[str, type]:
+    from hiremate.solvers.baselines import Autodiff, ChainStoreAll, CheckpointSequential
+
+    return {
+        "rotor": Rotor,
+        "rotor-persistent": RotorPersistent,
+        "checkpoint-sequential": CheckpointSequential,
+        "chain-store-all": ChainStoreAll,
+        "autodiff": Autodiff,
+    }
+
+
+#: name -> solver class (``applicable(graph)``, ``schedule(graph, budget)``, ``min_budget``)
+CHAIN_SOLVERS: dict[str, type] = _registry()
