@@ -1,0 +1,338 @@
+"""The executor: a schedule run as an ``nn.Module`` that autograd treats like any other.
+
+One call is one application of a ``torch.autograd.Function`` (DESIGN.md, "Executor"): its
+forward runs the schedule up to the loss node and returns the model's outputs; its backward
+runs the rest of the schedule and returns the gradients of the inputs and of the parameters,
+so autograd accumulates ``.grad`` as usual, outputs can feed any further computation, and a
+module can be called several times before one ``backward`` (``papers/hiremate-hierarchical.txt``
+C.2.2). What a call keeps between its two phases (the values the schedule holds at the loss
+node and the RNG states) lives on the autograd context of that call, never on the module.
+
+Usage::
+
+    graph = hiremate.build_graph(model, sample)
+    module = RematModule(model, graph, hiremate.autodiff_schedule(graph))
+    loss = module(**sample).logits.sum()
+    loss.backward()
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from hiremate.errors import HiremateError, InputMismatchError, InvalidScheduleError
+from hiremate.executor_codegen import Program, SourceMap, generate, generate_inference, output_names, split_schedule
+from hiremate.executor_io import InputChecker, derive_output_spec
+from hiremate.executor_rng import CallState
+from hiremate.graph import Graph
+from hiremate.graphbuilder.encode import decode_arg
+from hiremate.schedule import Compute, Schedule
+from hiremate.simulator import SimulationResult, simulate
+
+log = logging.getLogger(__name__)
+
+
+class DoubleBackwardError(HiremateError):
+    """Backward through a RematModule was asked to build a graph (``create_graph=True``)."""
+
+
+class BackwardTwiceError(HiremateError):
+    """The backward of one RematModule call ran a second time (``retain_graph=True``)."""
+
+
+class RematModule(torch.nn.Module):
+    """Run ``schedule`` (a valid schedule of ``graph``, the CD-graph of ``model``) as a module.
+
+    ``model`` supplies the parameters and buffers (read at every call, so optimizers and
+    ``.to()`` work as usual); it is registered as the submodule ``model``. ``sample``
+    (optional) is an input the model accepts; when given, the output structure is derived at
+    construction instead of at the first call. ``on_mismatch`` says what to do when a call's
+    inputs differ from those the graph was built for: ``"raise"`` (an
+    :class:`InputMismatchError`), or a callable ``(args, kwargs, error) -> RematModule`` that
+    builds a module for the new inputs (it is kept and reused for inputs of that signature).
+    """
+
+    def __init__(self, model: torch.nn.Module, graph: Graph, schedule: Schedule, *,
+                 sample: Any = None,
+                 on_mismatch: str | Callable[[tuple, dict, InputMismatchError], "RematModule"]
+                 = "raise"):
+        super().__init__()
+        if on_mismatch != "raise" and not callable(on_mismatch):
+            raise HiremateError(f"on_mismatch must be 'raise' or a callable, got {on_mismatch!r}")
+        self.model = model
+        self._graph = graph
+        self._schedule = _complete(graph, tuple(schedule))
+        self._predicted = simulate(graph, self._schedule).raise_if_invalid()
+        _check_random_order(graph, self._schedule)
+        self._sources = SourceMap(graph)
+        meta = graph.meta
+        self._param_names: list[str] = meta.get("param_names", [])
+        self._frozen_names: list[str] = meta.get("frozen_names", [])
+        self._buffer_names: list[str] = meta.get("buffer_names", [])
+        self._input_rg: list[bool] = meta.get("input_requires_grad", [])
+        self._tangent_for_output: list[int] = meta.get("tangent_for_output", [])
+        self._out_values: list[Any] = meta.get("output_values", [])
+        self._grad_values: list[Any] = meta.get("grad_values", [])
+        self._checker = InputChecker(graph)
+        self._out_spec: Any = None
+        self._programs: dict[torch.device, tuple[Program, Program]] = {}
+        self._inference: dict[torch.device, Program] = {}
+        self._on_mismatch = on_mismatch
+        self._others: dict[Any, RematModule] = {}
+        # positions among the tensor outputs of those that carry a gradient (tangents)
+        tensor_pos = {}
+        for i, o in enumerate(self._out_values):
+            if isinstance(o, str):
+                tensor_pos[i] = len(tensor_pos)
+        self._tangent_pos = [tensor_pos[i] for i in self._tangent_for_output]
+        self._n_tensor_out = len(tensor_pos)
+        self._consts = {i: decode_arg(o["const"], {}) for i, o in enumerate(self._out_values)
+                        if not isinstance(o, str)}
+        self._n_params = len(self._param_names)
+        self._n_input_grads = sum(self._input_rg)
+        if sample is not None:
+            args, kwargs = _normalise(sample)
+            self._out_spec = derive_output_spec(model, args, kwargs, len(self._out_values))
+
+    # -- public facts ----------------------------------------------------------------------
+    @property
+    def graph(self) -> Graph:
+        return self._graph
+
+    @property
+    def schedule(self) -> Schedule:
+        return self._schedule
+
+    @property
+    def predicted(self) -> SimulationResult:
+        return self._predicted
+
+    def generated_source(self, device: torch.device | str = "cpu") -> tuple[str, str]:
+        """Text of the generated forward and backward programs (for reading and debugging)."""
+        fwd, bwd = self._get_programs(torch.device(device))
+        return fwd.source, bwd.source
+
+    # -- sources ---------------------------------------------------------------------------
+    def _lookup(self, names: list[str], kind: str) -> list[torch.Tensor]:
+        get = self.model.get_parameter if kind == "param" else self.model.get_buffer
+        return [get(n) for n in names]
+
+    def _get_programs(self, device: torch.device) -> tuple[Program, Program]:
+        progs = self._programs.get(device)
+        if progs is None:
+            progs = generate(self._graph, self._schedule, device)
+            self._programs[device] = progs
+            log.debug("generated programs for %s on %s", self._graph, device)
+        return progs
+
+    def _get_inference(self, device: torch.device) -> Program:
+        prog = self._inference.get(device)
+        if prog is None:
+            prog = generate_inference(self._graph, device)
+            self._inference[device] = prog
+        return prog
+
+    # -- call --------------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        try:
+            inputs = self._checker.check(leaves, spec)
+        except InputMismatchError as err:
+            if self._on_mismatch == "raise":
+                raise
+            key = self._checker.signature(leaves, spec)
+            other = self._others.get(key)
+            if other is None:
+                other = self._on_mismatch(args, kwargs, err)
+                self._others[key] = other
+            return other(*args, **kwargs)
+        if self._out_spec is None:
+            self._out_spec = derive_output_spec(self.model, args, kwargs, len(self._out_values))
+        params = self._lookup(self._param_names, "param")
+        frozen = self._lookup(self._frozen_names, "param")
+        buffers = self._lookup(self._buffer_names, "buffer")
+        device = params[0].device if params else (inputs[0].device if inputs else
+                                                   torch.device("cpu"))
+        for i, t in enumerate(inputs):
+            if t.device != device:
+                raise InputMismatchError(
+                    f"input {self._checker.paths[i]} is on {t.device} but the parameters are "
+                    f"on {device}; move the inputs to {device}"
+                )
+        training = torch.is_grad_enabled() and (
+            any(p.requires_grad for p in params) or any(t.requires_grad for t in inputs))
+        if training:
+            for i, (t, rg) in enumerate(zip(inputs, self._input_rg)):
+                if t.requires_grad and not rg:
+                    raise InputMismatchError(
+                        f"input {self._checker.paths[i]} requires grad, but the graph was "
+                        "built from a sample where it did not, so the schedule computes no "
+                        "gradient for it; rebuild the graph with a sample whose tensor has "
+                        "requires_grad=True, or pass the input detached"
+                    )
+            run = _Run(self, device, frozen, buffers)
+            outs = _RematFunction.apply(run, len(inputs), *inputs, *params)
+        else:
+            prog = self._get_inference(device)
+            call = CallState(device.index or 0 if device.type == "cuda" else None)
+            outs, _ = prog.fn(call, None, inputs, params, frozen, buffers, ())
+        return self._rebuild(outs)
+
+    def _rebuild(self, outs: tuple[torch.Tensor, ...]) -> Any:
+        flat: list[Any] = []
+        it = iter(outs)
+        for i, o in enumerate(self._out_values):
+            flat.append(next(it) if isinstance(o, str) else self._consts[i])
+        return pytree.tree_unflatten(flat, self._out_spec)
+
+    def extra_repr(self) -> str:
+        return (f"graph={self._graph!r}, steps={len(self._schedule)}, "
+                f"predicted_peak={self._predicted.peak}")
+
+
+class _Run:
+    """What one call's autograd function needs from its module (kept on the context)."""
+
+    __slots__ = ("module", "device", "frozen", "buffers")
+
+    def __init__(self, module: RematModule, device: torch.device, frozen: list, buffers: list):
+        self.module = module
+        self.device = device
+        self.frozen = frozen
+        self.buffers = buffers
+
+
+class _RematFunction(torch.autograd.Function):
+    """One call of a RematModule: forward phase in ``forward``, the rest in ``backward``."""
+
+    @staticmethod
+    def forward(ctx: Any, run: _Run, n_inputs: int, *tensors: torch.Tensor):
+        module = run.module
+        inputs, params = list(tensors[:n_inputs]), list(tensors[n_inputs:])
+        fwd, _ = module._get_programs(run.device)
+        call = CallState(run.device.index or 0 if run.device.type == "cuda" else None)
+        outs, saved = fwd.fn(call, None, inputs, params, run.frozen, run.buffers, ())
+        ctx.run = run
+        ctx.state = (call, [saved], inputs, params)
+        ctx.set_materialize_grads(False)
+        ctx.out_meta = [(o.shape, o.dtype, o.stride()) for o in outs]
+        # the caller gets aliases, so that no returned tensor is referenced by the context
+        results = tuple(o.detach() for o in outs)
+        diff = set(module._tangent_pos)
+        nondiff = [r for i, r in enumerate(results) if i not in diff or not r.is_floating_point()]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return results
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor | None):
+        if torch.is_grad_enabled():
+            raise DoubleBackwardError(
+                "a RematModule does not support double backward (create_graph=True, or "
+                "torch.autograd.grad(..., create_graph=True)): its backward runs ATen "
+                "gradient ops that are not themselves differentiated; compute higher-order "
+                "gradients with the original model"
+            )
+        state = ctx.state
+        if state is None:
+            raise BackwardTwiceError(
+                "the backward of a RematModule call ran twice: the first one consumed the "
+                "values the call kept (retain_graph=True is not supported); call the module "
+                "again before a second backward"
+            )
+        ctx.state = None
+        call, box, inputs, params = state
+        run = ctx.run
+        module = run.module
+        _, bwd = module._get_programs(run.device)
+        tangents = []
+        for pos in module._tangent_pos:
+            g = grad_outputs[pos]
+            o_shape, o_dtype, o_stride = ctx.out_meta[pos]
+            if g is None:
+                g = torch.zeros(o_shape, dtype=o_dtype, device=run.device)
+            elif g.stride() != o_stride or g.dtype != o_dtype:
+                # the traced backward ops assume the layout of the output (e.g. they view
+                # it); an expanded or transposed incoming gradient is made dense like it
+                dense = torch.empty_strided(o_shape, o_stride, dtype=o_dtype, device=g.device)
+                dense.copy_(g)
+                g = dense
+            tangents.append(g)
+        del grad_outputs
+        grads = bwd.fn(call, box, inputs, params, run.frozen, run.buffers, tangents)
+        del tangents
+        n_p = module._n_params
+        param_grads = list(grads[:n_p])
+        input_grads: list[torch.Tensor | None] = [None] * len(inputs)
+        it = iter(grads[n_p:])
+        for i, rg in enumerate(module._input_rg):
+            if rg:
+                g = next(it)
+                input_grads[i] = g if ctx.needs_input_grad[2 + i] else None
+        for j in range(n_p):
+            if not ctx.needs_input_grad[2 + len(inputs) + j]:
+                param_grads[j] = None
+        return (None, None, *input_grads, *param_grads)
+
+
+def _normalise(sample: Any) -> tuple[tuple, dict]:
+    from hiremate.graphbuilder.capture import normalise_sample
+
+    return normalise_sample(sample)
+
+
+def _complete(graph: Graph, schedule: Schedule) -> Schedule:
+    """Buffer writes that the schedule never computes (a node whose only effect is to write
+    a buffer, such as BatchNorm's ``num_batches_tracked += 1``) run just before the loss
+    node, so that every call updates every buffer once, as eager PyTorch does."""
+    computed = {s.node for s in schedule if isinstance(s, Compute)}
+    missing = [n for n in graph.nodes if n.is_fwd and n.mutates and n.id not in computed]
+    if not missing:
+        return schedule
+    cut = split_schedule(graph, schedule) - 1
+    extra = []
+    for n in missing:
+        if n.outputs or n.random or any(graph.data[d].producer is not None for d in n.inputs):
+            raise InvalidScheduleError(
+                f"the schedule never computes node {n.name!r}, which writes the buffers "
+                f"{', '.join(n.mutates)}: the buffers would not be updated; compute it once "
+                "in the forward phase"
+            )
+        extra.append(Compute(n.id))
+    log.debug("added %d buffer-writing nodes the schedule skipped", len(extra))
+    return schedule[:cut] + tuple(extra) + schedule[cut:]
+
+
+def _check_random_order(graph: Graph, schedule: Schedule) -> None:
+    """First executions of random nodes must follow the graph's order: each one then draws
+    the numbers eager PyTorch draws, and recomputations replay them."""
+    seen: set[int] = set()
+    last = -1
+    for i, step in enumerate(schedule):
+        if not isinstance(step, Compute) or step.node in seen:
+            continue
+        seen.add(step.node)
+        node = graph.nodes[step.node]
+        if node.random:
+            if node.id < last:
+                raise InvalidScheduleError(
+                    f"step {i} computes the random node {node.name!r} for the first time after "
+                    f"the later random node {graph.nodes[last].name!r}: random numbers would be "
+                    "drawn in another order than in the model; compute random nodes first in "
+                    "the graph's order", step=i,
+                )
+            last = node.id
+    skipped = [n.name for n in graph.nodes if n.random and n.is_fwd and n.id not in seen]
+    if skipped:
+        raise InvalidScheduleError(
+            f"the schedule never computes the random node(s) {', '.join(skipped[:3])}: the "
+            "random state after a call would differ from the model's; compute every random "
+            "forward node once"
+        )
+
+
+__all__ = ["BackwardTwiceError", "DoubleBackwardError", "RematModule", "output_names"]
