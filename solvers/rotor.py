@@ -29,7 +29,8 @@ from typing import Sequence
 import numpy as np
 
 from hiremate.solvers.chain import (
-    B, Chain, ChainGraphSolver, ChainOp, ChainSolution, F_all, F_ck, F_e, solution,
+    B, Chain, ChainGraphSolver, ChainOp, ChainSolution, F_all, F_ck, F_e, simulate_chain,
+    solution, store_all_ops,
 )
 
 log = logging.getLogger(__name__)
@@ -385,6 +386,9 @@ def solve_persistent(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) ->
     if avail < exact_min - 1e-12 * max(1.0, abs(exact_min)):
         raise ValueError(f"budget {budget} is below the persistent minimum "
                          f"{chain.x[0] + exact_min}")
+    store = store_all_ops(chain)
+    if simulate_chain(chain, store).peak <= budget:  # nothing to recompute: skip rounding
+        return solution(chain, store, budget)
     scaled, S = _discretise(model, avail, slots)
     table = PersistentTable(scaled, S)
     if np.isfinite(table.cost(1, chain.n)[S]):
@@ -545,6 +549,9 @@ def solve_weak(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) -> Chain
     minimum look infeasible. Raises ``ValueError`` when nothing fits."""
     model = StageModel.from_chain(chain)
     avail = budget - chain.x[0]
+    store = store_all_ops(chain)
+    if simulate_chain(chain, store).peak <= budget:
+        return solution(chain, store, budget)
     if avail >= 0:
         scaled, S = _discretise(model, avail, slots)
         table = WeakTable(scaled, S)
