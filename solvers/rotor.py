@@ -581,15 +581,21 @@ class RotorPersistent(ChainGraphSolver):
 
 class Rotor(ChainGraphSolver):
     """Rotor's optimal sequence (weakly persistent DP, Algorithms 1-2): optimal over all
-    sequences, ``O(n^5 S)``, so for chains of a few dozen stages. Its minimum budget is the
+    sequences, ``O(n^5 S)``. Chains longer than ``max_weak_stages`` use the persistent DP
+    instead (the paper finds both equal on every network it tried). Its minimum budget is the
     persistent one (an upper bound of the true minimum)."""
 
     name = "rotor"
 
-    def __init__(self, slots: int = DEFAULT_SLOTS):
+    def __init__(self, slots: int = DEFAULT_SLOTS, max_weak_stages: int = 25):
         self.slots = slots
+        self.max_weak_stages = max_weak_stages
 
     def solve_chain(self, chain: Chain, budget: float) -> ChainSolution:
+        if chain.n > self.max_weak_stages:
+            log.info("rotor: %d stages > %d, using the persistent DP", chain.n,
+                     self.max_weak_stages)
+            return solve_persistent(chain, budget, self.slots)
         return solve_weak(chain, budget, self.slots)
 
     def chain_min_budget(self, chain: Chain) -> float:

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from hiremate.option import Option
+from hiremate.schedule import Compute
 from hiremate.simulator import simulate
 from hiremate.synthetic import chain_graph
 from hiremate.solvers.chain import Chain
@@ -126,7 +127,6 @@ def test_chain_menu_options():
     for o in menu:
         assert o.time + loss_time >= g.total_time() - 1e-9
         # the two parts replay as a whole schedule of the subgraph
-        from hiremate.schedule import Compute
         res = simulate(g, o.fwd + (Compute(g.loss),) + o.bwd)
         assert res.valid, res.error
     phantoms = sorted(o.phantom for o in menu)
