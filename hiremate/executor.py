@@ -249,19 +249,7 @@ class _RematFunction(torch.autograd.Function):
         run = ctx.run
         module = run.module
         _, bwd = module._get_programs(run.device)
-        tangents = []
-        for pos in module._tangent_pos:
-            g = grad_outputs[pos]
-            o_shape, o_dtype, o_stride = ctx.out_meta[pos]
-            if g is None:
-                g = torch.zeros(o_shape, dtype=o_dtype, device=run.device)
-            elif g.stride() != o_stride or g.dtype != o_dtype:
-                # the traced backward ops assume the layout of the output (e.g. they view
-                # it); an expanded or transposed incoming gradient is made dense like it
-                dense = torch.empty_strided(o_shape, o_stride, dtype=o_dtype, device=g.device)
-                dense.copy_(g)
-                g = dense
-            tangents.append(g)
+        tangents = _tangents(module._tangent_pos, ctx.out_meta, grad_outputs, run.device)
         del grad_outputs
         grads = bwd.fn(call, box, inputs, params, run.frozen, run.buffers, tangents)
         del tangents
@@ -277,6 +265,26 @@ class _RematFunction(torch.autograd.Function):
             if not ctx.needs_input_grad[2 + len(inputs) + j]:
                 param_grads[j] = None
         return (None, None, *input_grads, *param_grads)
+
+
+def _tangents(positions: list[int], out_meta: list, grad_outputs: tuple,
+              device: torch.device) -> list[torch.Tensor]:
+    """The gradients of the differentiable outputs, laid out like the outputs (a helper, so
+    that no local variable keeps one alive once the backward program has freed it)."""
+    tangents = []
+    for pos in positions:
+        g = grad_outputs[pos]
+        shape, dtype, stride = out_meta[pos]
+        if g is None:
+            g = torch.zeros(shape, dtype=dtype, device=device)
+        elif g.stride() != stride or g.dtype != dtype:
+            # the traced backward ops assume the layout of the output (e.g. they view it);
+            # an expanded or transposed incoming gradient is made dense like it
+            dense = torch.empty_strided(shape, stride, dtype=dtype, device=g.device)
+            dense.copy_(g)
+            g = dense
+        tangents.append(g)
+    return tangents
 
 
 def _normalise(sample: Any) -> tuple[tuple, dict]:

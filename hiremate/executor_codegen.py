@@ -251,7 +251,8 @@ class _Emitter:
 
     def delete(self, data_id: int) -> None:
         names = [n for n in (self.graph.data[data_id].name, *self.graph.data[data_id].aliases)]
-        gone = [n for n in names if n in self.bound]
+        gone = [n for n in names if n in self.bound or n in self.sources_bound]
+        self.sources_bound.difference_update(gone)  # a deleted tangent
         for n in names:
             self.inherited.discard(n)  # never loaded: simply not taken from S
         if gone:
@@ -316,7 +317,8 @@ def generate(graph: Graph, schedule: tuple[Step, ...], device: torch.device
     saved = list(bwd.loaded)
     load = ([f"    ({''.join(bwd.ident(n) + ', ' for n in saved)}) = S.pop()"] if saved
             else ["    S.pop()"])
-    bwd.prologue = load + bwd.prologue
+    # the program owns the tangents from here on: a Delete of one frees it
+    bwd.prologue = load + bwd.prologue + ["    T.clear()"]
     bwd_prog = bwd.finish("backward_phase", [f"    return ({''.join(g + ', ' for g in grads)})"])
     bwd_prog.loaded = saved
     fwd_end = [f"    return ({''.join(o + ', ' for o in outs)}), "
