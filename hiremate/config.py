@@ -1,0 +1,152 @@
+"""Configurations of the whole pipeline: which partitioner, which solvers at which level, and how
+to run them (parallelism, cache, progress). Presets are YAML files in ``configs/``.
+
+Levels (where a solver may be placed):
+
+- ``flat``: whole-graph solvers (``schedule(graph, budget)``), tried on graphs of at most
+  ``flat_max_nodes`` compute nodes; the fastest schedule within the budget wins;
+- ``bottom``: menu solvers (``menu(graph, budgets)``) for each unique block of the partition;
+- ``top``: composers that join the blocks' menus into one schedule (``rk-rotor``: chain of blocks).
+
+The hierarchical path (bottom + top) runs when the graph is larger than ``flat_max_nodes`` or no
+flat solver met the budget; both paths' candidates are compared and the fastest valid one kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from hiremate.errors import ConfigError
+
+#: Folder of the YAML presets (the repository's ``configs/``).
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+LEVELS = ("flat", "bottom", "top")
+
+
+@dataclass
+class Config:
+    """Every knob of :class:`hiremate.HRockmate`; see the module docstring for the levels."""
+
+    name: str = "custom"
+    description: str = ""
+    partitioner: str = "sequence"
+    partitioner_params: dict[str, Any] = field(default_factory=dict)
+    flat: list[str] = field(default_factory=lambda: ["hilp", "twremat"])
+    bottom: list[str] = field(default_factory=lambda: ["hilp", "twremat"])
+    top: list[str] = field(default_factory=lambda: ["rk-rotor"])
+    flat_max_nodes: int = 250
+    solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    n_options: int = 8           # N_o: options kept per block for the top level
+    menu_peaks: int = 4          # menu budget grid: peaks ...
+    menu_saves: int = 3          # ... times memory kept before the loss (H-ILP only)
+    n_jobs: int = -1             # joblib workers for the menus (-1: all cores)
+    backend: str = "loky"        # any joblib backend ("loky", "threading", "dask", ...)
+    cache: bool = True
+    cache_dir: str | None = None  # default: $HIREMATE_CACHE or ~/.cache/hiremate
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- checks -------------------------------------------------------------------------------
+    def validate(self) -> "Config":
+        from hiremate.registry import partitioner_names, solver_names
+
+        known = solver_names()
+        for level in LEVELS:
+            value = getattr(self, level)
+            if isinstance(value, str):
+                value = [value]
+                setattr(self, level, value)
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"config {level!r} must be a list of solver names, got {value!r}")
+            for name in value:
+                if name not in known:
+                    raise ConfigError(f"unknown solver {name!r} at level {level!r}; registered "
+                                      f"solvers: {', '.join(sorted(known))}")
+        for name in self.solver_params:
+            if name not in known:
+                raise ConfigError(f"solver_params names unknown solver {name!r}; registered "
+                                  f"solvers: {', '.join(sorted(known))}")
+        if self.partitioner not in partitioner_names():
+            raise ConfigError(f"unknown partitioner {self.partitioner!r}; registered: "
+                              f"{', '.join(sorted(partitioner_names()))}")
+        if not (self.flat or (self.bottom and self.top)):
+            raise ConfigError("a configuration needs a flat solver, or bottom and top solvers")
+        for key in ("n_options", "menu_peaks", "menu_saves"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+        if not isinstance(self.n_jobs, int) or self.n_jobs == 0:
+            raise ConfigError(f"n_jobs must be a non-zero integer (-1: all cores), got {self.n_jobs!r}")
+        return self
+
+    # -- conversions --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Config":
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a configuration must be a mapping, got {type(data).__name__}")
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in data if k not in valid]
+        if unknown:
+            raise ConfigError(f"unknown configuration key(s) {', '.join(map(repr, unknown))}; "
+                              f"valid keys: {', '.join(valid)}")
+        return cls(**copy.deepcopy(dict(data)))
+
+    def replace(self, **overrides: Any) -> "Config":
+        data = self.to_dict()
+        data.update(overrides)
+        return Config.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Config":
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read a configuration from {path}: {exc}") from exc
+        return cls.from_dict(data or {})
+
+    def solver_key(self, name: str) -> dict[str, Any]:
+        """What identifies a solver's output: its name and parameters (menu cache key)."""
+        return {"solver": name, "params": self.solver_params.get(name, {}),
+                "menu_peaks": self.menu_peaks, "menu_saves": self.menu_saves}
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
+                **overrides: Any) -> Config:
+    """A :class:`Config` from a preset name, a YAML path, a dict or a Config, with overrides."""
+    if config is None:
+        config = "hiremate"
+    if isinstance(config, Config):
+        base = config
+    elif isinstance(config, Mapping):
+        base = Config.from_dict(config)
+    elif isinstance(config, (str, Path)):
+        text = str(config)
+        preset = PRESET_DIR / f"{text}.yaml"
+        if preset.is_file() and "/" not in text and not text.endswith((".yaml", ".yml")):
+            base = Config.load(preset)
+        elif Path(text).is_file():
+            base = Config.load(text)
+        else:
+            raise ConfigError(f"unknown preset {text!r} (and no such file); presets: "
+                              f"{', '.join(preset_names())}")
+    else:
+        raise ConfigError(f"config must be a preset name, a path, a dict or a Config, got "
+                          f"{type(config).__name__}")
+    return base.replace(**overrides) if overrides else base.replace()

@@ -1,0 +1,645 @@
+"""The glue between partition, solvers and the full graph: blocks, menus, the top-level solve.
+
+What runs (honestly, as implemented):
+
+1. **Flat path** (graphs of at most ``flat_max_nodes`` compute nodes): every ``flat`` solver of
+   the configuration schedules the whole graph (H-ILP = rk-Checkmate with a time limit, TW-Remat,
+   FastSA, Rotor on chain-shaped graphs, autodiff).
+2. **Hierarchical path**: the partitioner's *top level* gives the blocks (each a top-level part,
+   a forward node or a subgraph, flattened to its original nodes). Every block becomes a CD-graph
+   of its own (:func:`extract`): its forward nodes, a loss node standing for the rest of the model
+   (it reads the block's outputs and produces the gradients that flow in), and its backward
+   nodes. Backward nodes without a forward partner join the block whose data they read (or stay
+   at the top level, run as soon as their inputs exist). Blocks with equal canonical graphs are
+   solved once; each ``bottom`` solver gives a menu, the menus are merged (Pareto front) and cut
+   to ``n_options`` (farthest peaks). A ``top`` composer (rk-Rotor, Rockmate appendix C) then
+   schedules the sequence of blocks with their menus.
+   Hierarchical H-ILP over option menus (the paper's top level for non-chain graphs) is *not*
+   implemented: rk-Rotor is applied to the top level's blocks in order, whatever their shape.
+
+Translating back: a block operation becomes the compute steps of its option's forward or
+backward part (renamed to full-graph ids); the whole compute sequence gets its frees from
+:func:`hiremate.solvers.remat_sequence.sequence_to_schedule` (each value freed after its last
+read before it is produced again: for a fixed compute order, the least memory), which makes any
+such sequence valid. Its memory is then whatever :func:`hiremate.simulate` says: a composer's
+abstract model is only a guide, so each candidate is simulated on the full graph and kept only
+when within the budget (rk-Rotor is re-run at a lower abstract budget when the simulated peak
+overshoots).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from hiremate.errors import InfeasibleBudgetError, SolverError
+from hiremate.graph import (
+    COUNTED_KINDS, FINAL_KINDS, SOURCE_KINDS, ComputeNode, DataKind, DataNode, Graph, NodeKind,
+)
+from hiremate.option import Option, pareto_front
+from hiremate.schedule import Compute, Schedule
+from hiremate.simulator import SimulationResult, autodiff_schedule, simulate
+from hiremate.units import fmt_bytes
+
+log = logging.getLogger(__name__)
+
+
+# -- blocks ---------------------------------------------------------------------------------------
+@dataclass
+class Block:
+    """One top-level part as a CD-graph of its own, with the renaming to full-graph ids."""
+
+    index: int
+    fwd: tuple[int, ...]
+    bwd: tuple[int, ...]
+    graph: Graph
+    node_map: tuple[int, ...]   # local compute id -> full id (-1 for the local loss node)
+    data_map: tuple[int, ...]   # local data id -> full id
+    key: str = ""
+    options: list[Option] = field(default_factory=list)
+
+    def sequence(self, part: Schedule) -> list[int]:
+        """Full-graph compute ids of the compute steps of ``part`` (local loss left out)."""
+        out = []
+        for step in part:
+            if isinstance(step, Compute):
+                full = self.node_map[step.node]
+                if full >= 0:
+                    out.append(full)
+        return out
+
+
+def assign_backward(graph: Graph, fwd_block: dict[int, int]) -> tuple[dict[int, int], list[int]]:
+    """Block of every backward node: a forward node's partner goes with it; another backward
+    node joins the block of the data it reads when those come from one block or two neighbours
+    (the lower one, whose backward reads the gradient anyway); the rest (e.g. sums of partial
+    gradients of a weight shared by distant blocks) stays at the top level (``tail``)."""
+    bwd_block: dict[int, int] = {}
+    for n in graph.fwd_nodes:
+        if n.partner is not None:
+            bwd_block[n.partner] = fwd_block[n.id]
+    loss = graph.loss
+    tail: list[int] = []
+    for n in graph.bwd_nodes:
+        if n.id in bwd_block:
+            continue
+        blocks: set[int] = set()
+        orphan = False
+        for d in n.inputs:
+            p = graph.data[d].producer
+            if p is None or p == loss:
+                continue
+            b = fwd_block.get(p) if p < loss else bwd_block.get(p)
+            if b is None:
+                orphan = True
+            else:
+                blocks.add(b)
+        if blocks and not orphan and max(blocks) - min(blocks) <= 1:
+            bwd_block[n.id] = min(blocks)
+        else:
+            tail.append(n.id)
+    return bwd_block, tail
+
+
+def extract(graph: Graph, fwd: Sequence[int], bwd: Sequence[int]) -> tuple[Graph, list[int], list[int]]:
+    """The CD-graph of a block: ``fwd`` nodes, a loss node, ``bwd`` nodes (see module doc).
+
+    Data produced outside become sources (forward values) or outputs of the local loss
+    (gradients flowing in); gradients leaving the block, or required at the end, become final.
+    """
+    fwd, bwd = sorted(fwd), sorted(bwd)
+    fset, bset = set(fwd), set(bwd)
+    inside = fset | bset
+    gdata = graph.data
+    order: dict[int, int] = {}
+    for nid in fwd + bwd:
+        nd = graph.nodes[nid]
+        for d in nd.inputs + nd.soft_inputs + nd.outputs:
+            order.setdefault(d, len(order))
+    data_map = list(order)
+    node_map = fwd + [-1] + bwd
+    local_node = {nid: i for i, nid in enumerate(node_map) if nid >= 0}
+    loss_id = len(fwd)
+    protected = set(graph.outputs)
+    kinds: list[DataKind] = []
+    producers: list[int | None] = []
+    outputs: list[int] = []
+    grads_in: list[int] = []
+    for local, d in enumerate(data_map):
+        dn = gdata[d]
+        p = dn.producer
+        if p in inside:
+            if p in fset:
+                kind = dn.kind if dn.kind is DataKind.ACTIVATION else DataKind.ACTIVATION
+                leaves = d in protected or any(u not in inside for u in graph.users(d)) \
+                    or any(u not in inside for u in graph.soft_users(d))
+                if leaves:
+                    outputs.append(local)
+            else:
+                leaves = dn.kind in FINAL_KINDS or d in protected \
+                    or any(u not in inside for u in graph.users(d))
+                if dn.kind is DataKind.PARAM_GRAD:
+                    kind = DataKind.PARAM_GRAD
+                elif leaves:
+                    kind = DataKind.INPUT_GRAD if dn.counted else DataKind.PARAM_GRAD
+                else:
+                    kind = DataKind.GRAD if dn.counted else dn.kind
+            producers.append(local_node[p])
+        elif p is None:
+            kind = dn.kind
+            producers.append(None)
+        elif p < graph.loss:
+            kind = DataKind.INPUT
+            producers.append(None)
+        else:
+            kind = DataKind.TANGENT if dn.counted else DataKind.PARAM_GRAD
+            if kind is DataKind.PARAM_GRAD:  # an uncounted gradient flowing in: keep as source
+                kind = DataKind.INPUT
+                producers.append(None)
+            else:
+                producers.append(loss_id)
+                grads_in.append(local)
+        kinds.append(kind)
+    local_data = {d: i for i, d in enumerate(data_map)}
+    data = [DataNode(i, gdata[d].name, kinds[i], gdata[d].shape, gdata[d].dtype, gdata[d].size,
+                     producers[i]) for i, d in enumerate(data_map)]
+
+    def loc(ds) -> tuple[int, ...]:
+        return tuple(local_data[d] for d in ds)
+
+    nodes: list[ComputeNode] = []
+    for i, nid in enumerate(node_map):
+        if nid < 0:
+            nodes.append(ComputeNode(i, "block_loss", NodeKind.LOSS, tuple(outputs),
+                                     tuple(grads_in)))
+            continue
+        nd = graph.nodes[nid]
+        partner = local_node.get(nd.partner) if nd.partner is not None else None
+        nodes.append(ComputeNode(
+            i, nd.name, nd.kind, loc(nd.inputs), loc(nd.outputs), nd.time, nd.overhead,
+            loc(nd.soft_inputs), partner, nd.signature, (), nd.mutates, nd.random, nd.flops))
+    return Graph(nodes, data, outputs), node_map, data_map
+
+
+def make_blocks(graph: Graph, hierarchy: Any) -> tuple[list[Block], list[int]]:
+    """Blocks of the hierarchy's top level, in order, and the top-level (tail) backward nodes."""
+    from hiremate.menu_cache import graph_key
+
+    fwd_block: dict[int, int] = {}
+    parts = [tuple(sorted(hierarchy.leaves(p))) for p in hierarchy.top]
+    for i, leaves in enumerate(parts):
+        for f in leaves:
+            fwd_block[f] = i
+    missing = [n.id for n in graph.fwd_nodes if n.id not in fwd_block]
+    if missing:
+        raise SolverError(f"the partition leaves forward nodes {missing[:5]} out of every block; "
+                          "this is a partitioner bug")
+    bwd_block, tail = assign_backward(graph, fwd_block)
+    bwd_of: list[list[int]] = [[] for _ in parts]
+    for b, i in bwd_block.items():
+        bwd_of[i].append(b)
+    blocks = []
+    for i, leaves in enumerate(parts):
+        sub, node_map, data_map = extract(graph, leaves, bwd_of[i])
+        blocks.append(Block(i, leaves, tuple(sorted(bwd_of[i])), sub, tuple(node_map),
+                            tuple(data_map), graph_key(sub)))
+    return blocks, tail
+
+
+# -- menus ----------------------------------------------------------------------------------------
+def menu_budgets(solver: Any, graph: Graph, n_peak: int, n_save: int) -> list:
+    from hiremate.solvers.hilp_menu import budget_grid
+
+    grid = budget_grid(graph, n_peak, n_save)
+    if getattr(solver, "menu_pairs", False):
+        return grid
+    return sorted({p for p, _ in grid})
+
+
+def solve_menu_task(graph: Graph, name: str, params: dict, n_peak: int, n_save: int
+                    ) -> tuple[list[Option], float, str]:
+    """One (block, solver) menu: options, seconds, and an error text ('' when fine). Runs in a
+    joblib worker, so it takes and returns plain picklable values."""
+    from hiremate.registry import make_solver
+
+    start = time.perf_counter()
+    try:
+        solver = make_solver(name, params)
+        if not solver.applicable(graph):
+            return [], time.perf_counter() - start, "not applicable"
+        options = list(solver.menu(graph, menu_budgets(solver, graph, n_peak, n_save)))
+        options = [o if o.solver else _with_solver(o, name) for o in options]
+        return options, time.perf_counter() - start, ""
+    except Exception as exc:  # one solver failing on one block must not stop the others
+        return [], time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+
+
+def _with_solver(o: Option, name: str) -> Option:
+    from dataclasses import replace
+
+    return replace(o, solver=name)
+
+
+def store_all_option(graph: Graph) -> Option:
+    """The block's store-everything option (always on the menu, so every block has one)."""
+    from hiremate.solvers.hilp_menu import option_from_schedule
+
+    return option_from_schedule(graph, autodiff_schedule(graph), "autodiff")
+
+
+def select_menu(options: list[Option], n_options: int) -> list[Option]:
+    from hiremate.solvers.hilp_menu import spread
+
+    return spread(pareto_front(options), n_options)
+
+
+# -- top level: rk-Rotor over the blocks ------------------------------------------------------------
+@dataclass
+class TopProblem:
+    """What a top-level composer sees: the full graph, its blocks (with menus) and the tail."""
+
+    graph: Graph
+    blocks: list[Block]
+    tail: list[int]
+
+
+def flatten(problem: TopProblem, pieces: Sequence[Sequence[int]]) -> Schedule:
+    """Join compute-id pieces, run each tail node as soon as its inputs exist (after the loss),
+    and derive the frees."""
+    from hiremate.solvers.remat_sequence import sequence_to_schedule
+
+    graph = problem.graph
+    produced = [d.producer is None for d in graph.data]
+    pending = list(problem.tail)
+    seq: list[int] = []
+    loss_done = False
+
+    def emit(nid: int) -> None:
+        seq.append(nid)
+        for d in graph.nodes[nid].outputs:
+            produced[d] = True
+
+    def drain() -> None:
+        changed = True
+        while changed and pending:
+            changed = False
+            for t in list(pending):
+                if all(produced[d] for d in graph.nodes[t].inputs):
+                    pending.remove(t)
+                    emit(t)
+                    changed = True
+
+    for piece in pieces:
+        for nid in piece:
+            emit(nid)
+            if nid == graph.loss:
+                loss_done = True
+            if loss_done and pending:
+                drain()
+    for t in pending:
+        emit(t)
+    return sequence_to_schedule(graph, seq)
+
+
+@dataclass
+class Candidate:
+    schedule: Schedule
+    sim: SimulationResult
+    source: str
+    detail: dict = field(default_factory=dict)
+
+
+class RkRotorTop:
+    """rk-Rotor (Rockmate, appendix C) at the top level: the blocks in order form a chain, each
+    with its option menu; the DP's block operations are translated to full-graph steps."""
+
+    name = "rk-rotor"
+    composer = True
+
+    def __init__(self, slots: int = 300, retries: int = 6):
+        self.slots = slots
+        self.retries = retries
+
+    def applicable(self, graph: Graph) -> bool:
+        return True
+
+    def block_chain(self, problem: TopProblem):
+        from hiremate.solvers.rk_rotor import Block as RBlock, BlockChain
+
+        graph = problem.graph
+        counted = lambda ids: sum(graph.data[d].size for d in ids if graph.data[d].counted)  # noqa
+        rblocks, x, g_in, g_out = [], [], [], []
+        self._fe: list[list[int]] = []
+        for blk in problem.blocks:
+            sub = blk.graph
+            fe = min(blk.options, key=lambda o: (o.fwd_peak, o.fwd_time))
+            self._fe.append(blk.sequence(fe.fwd))
+            rblocks.append(RBlock(tuple(blk.options), fe_time=fe.fwd_time,
+                                  fe_overhead=fe.fwd_peak))
+            x.append(counted(blk.data_map[d] for d in sub.outputs))
+            g_in.append(counted(blk.data_map[d] for d in sub.nodes[sub.loss].outputs))
+            g_out.append(counted(blk.data_map[d.id] for d in sub.data
+                                 if d.kind is DataKind.INPUT_GRAD))
+        first = problem.blocks[0]
+        x0 = counted(d for d in first.data_map
+                     if graph.data[d].producer is not None and graph.data[d].producer < graph.loss
+                     and graph.data[d].kind in COUNTED_KINDS and d not in
+                     {first.data_map[o] for o in first.graph.outputs}
+                     and graph.data[d].producer not in first.fwd)
+        L = len(rblocks)
+        xs = [x0] + x
+        gs = [g_out[0]] + [max(g_in[i], g_out[i + 1] if i + 1 < L else 0) for i in range(L)]
+        last_out = problem.blocks[-1]
+        kept = counted(last_out.data_map[d] for d in last_out.graph.outputs
+                       if last_out.data_map[d] in set(graph.outputs))
+        return BlockChain(tuple(rblocks), tuple(float(v) for v in xs),
+                          tuple(float(v) for v in gs), graph.nodes[graph.loss].time, float(kept))
+
+    def translate(self, problem: TopProblem, ops) -> Schedule:
+        pieces: list[list[int]] = []
+        for op in ops:
+            if op.kind == "Loss":
+                pieces.append([problem.graph.loss])
+                continue
+            blk = problem.blocks[op.block - 1]
+            if op.kind in ("Fe", "Fc"):
+                pieces.append(self._fe[op.block - 1])
+            elif op.kind == "Fn":
+                pieces.append(blk.sequence(blk.options[op.option].fwd))
+            else:
+                pieces.append(blk.sequence(blk.options[op.option].bwd))
+        return flatten(problem, pieces)
+
+    def compose(self, problem: TopProblem, budget: int) -> tuple[list[Candidate], int | None]:
+        """Candidates within ``budget`` (simulated), and the smallest peak a candidate reached
+        (the min-memory sequence's), which a later call at that budget meets again."""
+        from hiremate.solvers.rk_rotor import block_min_budget, solve_blocks
+
+        bc = self.block_chain(problem)
+        graph = problem.graph
+        low = block_min_budget(bc)
+        found: list[Candidate] = []
+        lowest: int | None = None
+        tried: list = []
+        try:
+            sol = solve_blocks(bc, max(low, low * (1 + 1e-9)), self.slots)
+            sched = self.translate(problem, sol.ops)
+            sim = simulate(graph, sched)
+            if sim.valid:
+                lowest = sim.peak
+                if sim.peak <= budget:
+                    found.append(Candidate(sched, sim, self.name,
+                                           {"abstract_budget": low, "ops": sol.ops}))
+        except (ValueError, AssertionError) as exc:
+            log.warning("rk-Rotor min-memory sequence failed: %s", exc)
+        target = float(budget)
+        for _ in range(self.retries):
+            if target < low:
+                break
+            try:
+                sol = solve_blocks(bc, target, self.slots)
+            except (ValueError, AssertionError) as exc:
+                log.debug("rk-Rotor at %s: %s", target, exc)
+                break
+            sched = self.translate(problem, sol.ops)
+            sim = simulate(graph, sched)
+            tried.append((target, sim.peak if sim.valid else None))
+            if sim.valid and sim.peak <= budget:
+                found.append(Candidate(sched, sim, self.name,
+                                           {"abstract_budget": target, "ops": sol.ops}))
+                break
+            if not sim.valid:
+                log.warning("rk-Rotor translation invalid (a bug): %s", sim.error)
+                break
+            target -= max(sim.peak - budget, 0.01 * budget)
+        log.info("rk-Rotor: %d blocks, abstract min %s, tries %s", bc.L, fmt_bytes(low), tried)
+        return found, lowest
+
+
+# -- flat path ------------------------------------------------------------------------------------
+def guaranteed_min(solver: Any, graph: Graph) -> int | None:
+    """A budget ``solver`` is known to meet on ``graph`` (None when unknown)."""
+    from hiremate.solvers.hilp import HilpSolver, phases_to_schedule, recompute_phases
+
+    try:
+        if isinstance(solver, HilpSolver):
+            return simulate(graph, phases_to_schedule(graph, recompute_phases(graph))).peak
+        if hasattr(solver, "candidates"):  # TW-Remat: its family's lowest peak
+            return min(c.peak for c in solver.candidates(graph))
+        if hasattr(solver, "min_budget") and getattr(solver, "name", "") != "fastsa":
+            return int(solver.min_budget(graph))
+    except Exception as exc:
+        log.debug("min budget of %s: %s", getattr(solver, "name", solver), exc)
+    return None
+
+
+def flat_candidate(name: str, params: dict, graph: Graph, budget: int
+                   ) -> tuple[Candidate | None, int | None, str]:
+    """Run one flat solver: a candidate (or None), a budget it is known to meet, an error."""
+    from hiremate.registry import make_solver
+
+    solver = make_solver(name, params)
+    start = time.perf_counter()
+    if not solver.applicable(graph):
+        return None, None, "not applicable"
+    low = guaranteed_min(solver, graph)
+    try:
+        sched = tuple(solver.schedule(graph, budget))
+    except InfeasibleBudgetError as exc:
+        found = exc.min_budget if low is None else low
+        return None, found, str(exc)
+    except (SolverError, ValueError, RuntimeError) as exc:
+        return None, low, f"{type(exc).__name__}: {exc}"
+    sim = simulate(graph, sched)
+    if not sim.valid or sim.peak > budget:
+        return None, low, (f"schedule rejected by the simulator: "
+                           f"{sim.error or fmt_bytes(sim.peak) + ' > budget'}")
+    return Candidate(sched, sim, name, {"seconds": time.perf_counter() - start}), low, ""
+
+
+# -- the whole solve ----------------------------------------------------------------------------------
+@dataclass
+class SolveResult:
+    schedule: Schedule
+    sim: SimulationResult
+    report: dict[str, Any]
+
+
+def _runtime_free(cfg: Any) -> dict:
+    """The part of a configuration that decides the result (not how it is computed)."""
+    d = cfg.to_dict()
+    for k in ("name", "description", "n_jobs", "backend", "cache", "cache_dir", "progress"):
+        d.pop(k, None)
+    return d
+
+
+def _progress(cfg: Any, iterable, desc: str, total: int | None = None):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, disable=not cfg.progress, leave=False)
+
+
+def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
+    """Menus of the unique blocks with every applicable bottom solver (parallel, cached); fills
+    ``block.options`` and returns per-class facts for the report."""
+    from joblib import Parallel, delayed
+
+    unique: dict[str, Block] = {}
+    for b in blocks:
+        unique.setdefault(b.key, b)
+    tasks, results = [], {}
+    for key, blk in unique.items():
+        for name in cfg.bottom:
+            ckey = {"kind": "menu", "graph": key, **cfg.solver_key(name)}
+            hit = cache.get(ckey)
+            if hit is not None:
+                results[(key, name)] = (hit[0], 0.0, hit[1], True)
+            else:
+                tasks.append((key, name, ckey))
+    if tasks:
+        calls = (delayed(solve_menu_task)(unique[k].graph, n, cfg.solver_params.get(n, {}),
+                                          cfg.menu_peaks, cfg.menu_saves) for k, n, _ in tasks)
+        if cfg.n_jobs == 1 or len(tasks) == 1:
+            outs = [solve_menu_task(unique[k].graph, n, cfg.solver_params.get(n, {}),
+                                    cfg.menu_peaks, cfg.menu_saves)
+                    for k, n, _ in _progress(cfg, tasks, "bottom level: menus")]
+        else:
+            par = Parallel(n_jobs=cfg.n_jobs, backend=cfg.backend, return_as="generator")
+            outs = list(_progress(cfg, par(calls), "bottom level: menus", total=len(tasks)))
+        for (key, name, ckey), (opts, secs, err) in zip(tasks, outs):
+            results[(key, name)] = (opts, secs, err, False)
+            if err in ("", "not applicable"):
+                cache.put(ckey, (opts, err))
+    facts: dict[str, Any] = {}
+    for key, blk in unique.items():
+        merged: list[Option] = [store_all_option(blk.graph)]
+        per_solver = {}
+        for name in cfg.bottom:
+            opts, secs, err, hit = results[(key, name)]
+            merged.extend(opts)
+            per_solver[name] = {"options": len(opts), "seconds": round(secs, 3),
+                                "cached": hit, **({"error": err} if err else {})}
+            if err and err != "not applicable":
+                log.warning("solver %s failed on a block of %d nodes: %s", name,
+                            len(blk.graph.nodes), err)
+        chosen = select_menu(merged, cfg.n_options)
+        facts[key] = {"nodes": len(blk.graph.nodes), "solvers": per_solver,
+                      "menu": len(chosen), "options": chosen}
+    for b in blocks:
+        b.options = facts[b.key]["options"]
+    return facts
+
+
+def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
+    """Schedule ``graph`` within ``budget`` bytes with configuration ``cfg`` (see module doc)."""
+    from hiremate.budget import autodiff_peak
+    from hiremate.registry import make_partitioner, make_solver
+    from hiremate.menu_cache import graph_key
+    from hiremate.schedule import schedule_from_list, schedule_to_list
+
+    start = time.perf_counter()
+    gkey = graph_key(graph)
+    top_key = {"kind": "solve", "graph": gkey, "budget": int(budget), "config": _runtime_free(cfg)}
+    hit = cache.get(top_key)
+    if hit is not None:
+        sched = schedule_from_list(hit["schedule"])
+        sim = simulate(graph, sched)
+        if sim.valid and sim.peak <= budget:
+            report = dict(hit["report"], solve_time=time.perf_counter() - start, cached=True)
+            return SolveResult(sched, sim, report)
+        log.warning("cached schedule no longer fits; solving again")
+    ad = simulate(graph, autodiff_schedule(graph))
+    report: dict[str, Any] = {
+        "config": cfg.name, "budget": int(budget), "autodiff_peak": ad.peak,
+        "autodiff_time": ad.time, "compute_nodes": len(graph.nodes),
+        "data_nodes": len(graph.data), "forward_nodes": len(graph.fwd_nodes),
+    }
+    candidates: list[Candidate] = []
+    mins: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    flat_used = bool(cfg.flat) and len(graph.nodes) <= cfg.flat_max_nodes
+    if flat_used:
+        for name in _progress(cfg, cfg.flat, "flat level"):
+            t0 = time.perf_counter()
+            cand, low, err = flat_candidate(name, cfg.solver_params.get(name, {}), graph, budget)
+            log.info("flat %s: %s in %.2fs", name, "ok" if cand else err, time.perf_counter() - t0)
+            if cand is not None:
+                candidates.append(cand)
+            if low is not None:
+                mins[f"flat:{name}"] = low
+            if err:
+                errors[f"flat:{name}"] = err
+    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not candidates)
+    if hier_used:
+        t0 = time.perf_counter()
+        hierarchy = make_partitioner(cfg.partitioner, cfg.partitioner_params).partition(graph)
+        report["partition_time"] = time.perf_counter() - t0
+        report["hierarchy"] = hierarchy.summary()
+        blocks, tail = make_blocks(graph, hierarchy)
+        t0 = time.perf_counter()
+        facts = solve_menus(blocks, cfg, cache)
+        report["menu_time"] = time.perf_counter() - t0
+        report["blocks"] = len(blocks)
+        report["unique_blocks"] = len(facts)
+        report["largest_block"] = max(len(b.graph.nodes) for b in blocks)
+        report["tail_nodes"] = len(tail)
+        report["block_menus"] = [
+            {"nodes": f["nodes"], "menu": f["menu"], "solvers": f["solvers"],
+             "members": sum(1 for b in blocks if b.key == k)} for k, f in facts.items()]
+        problem = TopProblem(graph, blocks, tail)
+        for name in _progress(cfg, cfg.top, "top level"):
+            composer = make_solver(name, cfg.solver_params.get(name, {}))
+            try:
+                found, low = composer.compose(problem, budget)
+            except Exception as exc:  # report, and let another path win
+                errors[f"top:{name}"] = f"{type(exc).__name__}: {exc}"
+                log.warning("top-level %s failed: %s", name, exc)
+                continue
+            if low is not None:
+                mins[f"top:{name}"] = low
+            for c in found:
+                c.detail["blocks"] = _winners(problem, c)
+                c.detail.pop("ops", None)
+            candidates.extend(found)
+            if not found:
+                errors[f"top:{name}"] = "no sequence within the budget"
+    report["flat_path"] = flat_used
+    report["hierarchical_path"] = hier_used
+    if not candidates:
+        report["errors"] = errors
+        solvers = [f"flat: {', '.join(cfg.flat)}" if flat_used else "",
+                   f"bottom: {', '.join(cfg.bottom)}, top: {', '.join(cfg.top)}" if hier_used else ""]
+        names = "; ".join(s for s in solvers if s)
+        if mins:
+            low = min(mins.values())
+            raise InfeasibleBudgetError(
+                f"budget {fmt_bytes(budget)} is below the {fmt_bytes(low)} ({low} bytes) that "
+                f"the configured solvers ({names}) need for this graph of {len(graph.nodes)} "
+                f"compute nodes (autodiff peak {fmt_bytes(ad.peak)}); raise the budget to at "
+                "least that, or configure a solver that recomputes more", min_budget=low)
+        raise SolverError(f"no configured solver ({names}) produced a schedule: {errors}")
+    best = min(candidates, key=lambda c: (c.sim.time, c.sim.peak))
+    report.update({
+        "solver": best.source, "predicted_peak": best.sim.peak, "predicted_time": best.sim.time,
+        "relative_peak": best.sim.peak / ad.peak if ad.peak else 1.0,
+        "relative_time": best.sim.time / ad.time if ad.time else 1.0,
+        "candidates": {c.source: {"peak": c.sim.peak, "time": c.sim.time} for c in candidates},
+        "min_budgets": mins, "errors": errors, "cached": False,
+    })
+    if "blocks" in best.detail:
+        report["block_solvers"] = best.detail["blocks"]
+    report["solve_time"] = time.perf_counter() - start
+    cache.put(top_key, {"schedule": schedule_to_list(best.schedule), "report": report})
+    return SolveResult(best.schedule, best.sim, report)
+
+
+def _winners(problem: TopProblem, cand: Candidate) -> list[str]:
+    """For each block, the solver(s) whose options the chosen block sequence runs."""
+    used: list[set[str]] = [set() for _ in problem.blocks]
+    for op in cand.detail.get("ops", ()):
+        if op.kind == "B":
+            used[op.block - 1].add(problem.blocks[op.block - 1].options[op.option].solver)
+    return ["+".join(sorted(u)) or "none" for u in used]

@@ -1,0 +1,95 @@
+"""A disk cache for option menus and solved schedules.
+
+Menus of a block depend only on the block's canonical CD-graph (structure, sizes, measured
+costs: :func:`graph_key`) and on the solver's configuration, so they can be reused across runs,
+models that share blocks, and budgets. An entry is one pickle file named by the SHA-256 of its
+key; writes go through a temporary file and a rename, so a crash never leaves half an entry.
+A file that cannot be read (corrupted, truncated, from an incompatible version) is reported with
+a warning, removed and treated as a miss: the caller solves again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from hiremate.graph import Graph
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("HIREMATE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "hiremate"
+
+
+def graph_key(graph: Graph) -> str:
+    """SHA-256 of what a solver sees of ``graph``: structure, kinds, sizes and costs (names, ops
+    and meta left out, so identical blocks of different models share entries)."""
+    h = hashlib.sha256()
+    for n in graph.nodes:
+        h.update(repr((n.kind.value, n.inputs, n.outputs, n.soft_inputs, n.time, n.overhead,
+                       n.signature, n.partner, n.random)).encode())
+    for d in graph.data:
+        h.update(repr((d.kind.value, d.size, d.producer)).encode())
+    h.update(repr(graph.outputs).encode())
+    return h.hexdigest()
+
+
+class MenuCache:
+    """``get(key)`` / ``put(key, value)`` for JSON-able keys; ``enabled=False`` does nothing."""
+
+    def __init__(self, directory: str | Path | None = None, enabled: bool = True):
+        self.enabled = enabled
+        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self.hits = 0
+        self.misses = 0
+
+    def path(self, key: Any) -> Path:
+        text = json.dumps({"v": CACHE_VERSION, "key": key}, sort_keys=True, default=str)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        return self.directory / digest[:2] / f"{digest}.pkl"
+
+    def get(self, key: Any) -> Any | None:
+        if not self.enabled:
+            return None
+        path = self.path(key)
+        if not path.is_file():
+            self.misses += 1
+            return None
+        try:
+            with path.open("rb") as fh:
+                value = pickle.load(fh)
+        except Exception as exc:  # corrupted entry: warn, drop it, solve again
+            warnings.warn(f"hiremate cache entry {path} is unreadable ({exc}); it is removed "
+                          "and the result solved again", RuntimeWarning, stacklevel=2)
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            self.misses += 1
+            return None
+        self.hits += 1
+        return value
+
+    def put(self, key: Any, value: Any) -> None:
+        if not self.enabled:
+            return
+        path = self.path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as fh:
+                pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot write hiremate cache entry %s: %s", path, exc)
