@@ -43,3 +43,17 @@ __all__ = [
     "SimulationResult", "SolverError", "autodiff_schedule", "build_graph", "fmt_bytes",
     "measure", "parse_bytes", "simulate",
 ]
+
+_LAZY = {
+    "HRockmate": "hiremate.api", "Config": "hiremate.config",
+    "register_solver": "hiremate.registry", "register_partitioner": "hiremate.registry",
+}
+
+
+def __getattr__(name):
+    """Lazy exports of the pipeline's public API (importing it loads the solvers)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hiremate' has no attribute {name!r}")

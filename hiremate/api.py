@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,28 +58,62 @@ class HRockmate(torch.nn.Module):
         if budget is None:
             raise ConfigError("HRockmate needs a budget: bytes, '512MiB', or a fraction (0.5)")
         graph = build_graph(model, sample)
-        result = solve_graph(graph, budget, cfg)
-        self._setup(model, graph, result.schedule, result.report, cfg)
+        target = resolve_budget(budget, graph)
+        result = solve_graph(graph, target, cfg)
+        solve_time = result.report["solve_time"]
+        self._setup(model, graph, result.schedule, result.report, cfg, sample)
+        if self.executor is not None and cfg.calibrate:
+            self._calibrate(model, graph, sample, target, cfg, solve_time)
+
+    def _calibrate(self, model, graph: Graph, sample: Any, budget: int, cfg: Config,
+                   solve_time: float) -> None:
+        """Measure the executor once; while its peak is above the budget (the cost model missed
+        some memory: temporaries, allocator rounding), solve again with the budget lowered by
+        the excess, at most ``cfg.calibrate`` times. The report keeps the user's budget."""
+        from hiremate.errors import InfeasibleBudgetError
+        from hiremate.measurement import measure
+
+        args, kwargs = _split(sample)
+        start = time.perf_counter()
+        target = budget
+        measured = measure(self.executor, *args, repeats=1, warmup=0, **kwargs).peak
+        history = [(target, self._report["predicted_peak"], measured)]
+        for _ in range(cfg.calibrate):
+            if measured <= budget:
+                break
+            target = target - (measured - budget)
+            try:
+                result = solve_graph(graph, target, cfg)
+            except InfeasibleBudgetError:
+                break
+            solve_time += result.report["solve_time"]
+            self._setup(model, graph, result.schedule, result.report, cfg, sample)
+            measured = measure(self.executor, *args, repeats=1, warmup=0, **kwargs).peak
+            history.append((target, self._report["predicted_peak"], measured))
+        self._report.update(budget=budget, solve_time=solve_time, measured_peak=measured,
+                            calibration=history,
+                            calibration_time=time.perf_counter() - start)
 
     # -- construction ---------------------------------------------------------------------------
-    def _setup(self, model, graph: Graph, schedule: Schedule, report: dict, cfg: Config) -> None:
+    def _setup(self, model, graph: Graph, schedule: Schedule, report: dict, cfg: Config,
+               sample: Any = None) -> None:
         self.graph = graph
         self.schedule = tuple(schedule)
         self._report = dict(report)
         self.config = cfg
-        self.executor = self._make_executor(model, graph, self.schedule)
+        self.executor = self._make_executor(model, graph, self.schedule, sample)
         if self.executor is None:
             object.__setattr__(self, "_model", model)
 
     @staticmethod
-    def _make_executor(model, graph: Graph, schedule: Schedule):
+    def _make_executor(model, graph: Graph, schedule: Schedule, sample: Any = None):
         try:
             from hiremate.executor import RematModule
         except ImportError as exc:
             log.warning("hiremate.executor is not available (%s): the schedule is solved but "
                         "cannot run", exc)
             return None
-        return RematModule(model, graph, schedule)
+        return RematModule(model, graph, schedule, sample=sample)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.executor is None:
@@ -120,3 +155,11 @@ class HRockmate(torch.nn.Module):
         report = dict(payload["report"], solve_time=0.0, loaded_from=str(path))
         self._setup(model, graph, schedule, report, Config.from_dict(payload["config"]))
         return self
+
+
+def _split(sample: Any) -> tuple[tuple, dict]:
+    if isinstance(sample, dict):
+        return (), dict(sample)
+    if isinstance(sample, (tuple, list)):
+        return tuple(sample), {}
+    return (sample,), {}

@@ -50,6 +50,7 @@ class Config:
     cache: bool = True
     cache_dir: str | None = None  # default: $HIREMATE_CACHE or ~/.cache/hiremate
     progress: bool = True
+    calibrate: int = 2           # re-solves when the measured peak exceeds the budget (0: off)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,6 +83,8 @@ class Config:
         for key in ("n_options", "menu_peaks", "menu_saves"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+        if not isinstance(self.calibrate, int) or self.calibrate < 0:
+            raise ConfigError(f"calibrate must be an integer >= 0, got {self.calibrate!r}")
         if not isinstance(self.n_jobs, int) or self.n_jobs == 0:
             raise ConfigError(f"n_jobs must be a non-zero integer (-1: all cores), got {self.n_jobs!r}")
         return self

@@ -231,7 +231,7 @@ def solve_menu_task(graph: Graph, name: str, params: dict, n_peak: int, n_save: 
         if not solver.applicable(graph):
             return [], time.perf_counter() - start, "not applicable"
         options = list(solver.menu(graph, menu_budgets(solver, graph, n_peak, n_save)))
-        options = [o if o.solver else _with_solver(o, name) for o in options]
+        options = [o if o.solver == name else _with_solver(o, name) for o in options]
         return options, time.perf_counter() - start, ""
     except Exception as exc:  # one solver failing on one block must not stop the others
         return [], time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
@@ -471,7 +471,8 @@ class SolveResult:
 def _runtime_free(cfg: Any) -> dict:
     """The part of a configuration that decides the result (not how it is computed)."""
     d = cfg.to_dict()
-    for k in ("name", "description", "n_jobs", "backend", "cache", "cache_dir", "progress"):
+    for k in ("name", "description", "n_jobs", "backend", "cache", "cache_dir", "progress",
+              "calibrate"):
         d.pop(k, None)
     return d
 
@@ -557,6 +558,10 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
         "autodiff_time": ad.time, "compute_nodes": len(graph.nodes),
         "data_nodes": len(graph.data), "forward_nodes": len(graph.fwd_nodes),
     }
+    t0 = time.perf_counter()
+    hierarchy = make_partitioner(cfg.partitioner, cfg.partitioner_params).partition(graph)
+    report["partition_time"] = time.perf_counter() - t0
+    report["hierarchy"] = hierarchy.summary()
     candidates: list[Candidate] = []
     mins: dict[str, int] = {}
     errors: dict[str, str] = {}
@@ -574,10 +579,6 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
                 errors[f"flat:{name}"] = err
     hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not candidates)
     if hier_used:
-        t0 = time.perf_counter()
-        hierarchy = make_partitioner(cfg.partitioner, cfg.partitioner_params).partition(graph)
-        report["partition_time"] = time.perf_counter() - t0
-        report["hierarchy"] = hierarchy.summary()
         blocks, tail = make_blocks(graph, hierarchy)
         t0 = time.perf_counter()
         facts = solve_menus(blocks, cfg, cache)
