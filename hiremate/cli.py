@@ -1,4 +1,4 @@
-"""The ``hiremate`` command line: ``demo`` and ``inspect`` (more commands join as they land)."""
+"""The ``hiremate`` command line: ``demo``, ``inspect``, ``sweep``, ``solve`` and ``plot``."""
 
 from __future__ import annotations
 
@@ -94,6 +94,10 @@ def make_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--draw", metavar="PNG", help="with --partition: write a picture")
     inspect.add_argument("--save", metavar="JSON", help="write the graph to this file")
     inspect.set_defaults(func=cmd_inspect)
+
+    from hiremate.sweep_cli import add_commands  # sweep, solve, plot
+
+    add_commands(sub)
     return parser
 
 
