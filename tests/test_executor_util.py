@@ -1,0 +1,187 @@
+"""Shared pieces of the executor tests: small models, cached graphs, eager references."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+import hiremate
+from hiremate import zoo
+from hiremate.executor import RematModule
+from hiremate.measurement import loss_of
+from test_executor_schedules import recomputing_schedules
+
+
+class ConvBN(nn.Module):
+    """A small conv net with BatchNorm (running statistics and num_batches_tracked)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 6, 3, padding=1)
+        self.b1 = nn.BatchNorm2d(6)
+        self.c2 = nn.Conv2d(6, 8, 3, padding=1, stride=2)
+        self.b2 = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.b1(self.c1(x)))
+        h = torch.relu(self.b2(self.c2(h)))
+        return self.fc(h.mean((2, 3)))
+
+
+class DropNet(nn.Module):
+    """An MLP with dropout in two places, so recomputation must replay random numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(8, 16)
+        self.d1 = nn.Dropout(0.3)
+        self.l2 = nn.Linear(16, 16)
+        self.d2 = nn.Dropout(0.5)
+        self.l3 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.d1(torch.tanh(self.l1(x)))
+        h = self.d2(torch.tanh(self.l2(h)))
+        return self.l3(h)
+
+
+class TwoBranchDrop(nn.Module):
+    """Two independent dropout branches: a schedule may start either one first."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(torch.tanh(self.a(x))) * self.drop(torch.tanh(self.b(x)))
+
+
+class DictOut(nn.Module):
+    """Keyword inputs (one integer, one that may need a gradient) and a dict output."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 6)
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, ids, scale, shift=None):
+        h = self.lin(self.emb(ids)) * scale
+        if shift is not None:
+            h = h + shift
+        return {"h": torch.tanh(h), "pair": (h.sum(-1), ids + 1), "n": 3}
+
+
+def small_gpt2(dtype: torch.dtype = torch.float64) -> tuple[nn.Module, dict]:
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=2, vocab_size=128, n_positions=32, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, attn_implementation="eager",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config).to(dtype)
+        ids = torch.randint(0, 128, (2, 16))
+    return model, {"input_ids": ids}
+
+
+def _seeded(build, dtype):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build().to(dtype)
+    return model
+
+
+def get_model(name: str, dtype: torch.dtype = torch.float64) -> tuple[nn.Module, Any]:
+    """A fresh model and its sample; the same weights at every call."""
+    gen = torch.Generator().manual_seed(1)
+    if name == "convbn":
+        return _seeded(ConvBN, dtype), (torch.randn(2, 3, 8, 8, generator=gen, dtype=dtype),)
+    if name == "dropnet":
+        return _seeded(DropNet, dtype), (torch.randn(5, 8, generator=gen, dtype=dtype),)
+    if name == "twobranch":
+        return _seeded(TwoBranchDrop, dtype), (torch.randn(4, 6, generator=gen, dtype=dtype),)
+    if name == "dictout":
+        return _seeded(DictOut, dtype), {
+            "ids": torch.randint(0, 10, (3, 4), generator=gen),
+            "scale": torch.randn(3, 4, 1, generator=gen, dtype=dtype).requires_grad_(),
+            "shift": torch.randn(6, generator=gen, dtype=dtype),
+        }
+    if name == "small_gpt2":
+        return small_gpt2(dtype)
+    return zoo.get(name, dtype=dtype)
+
+
+@functools.cache
+def graph_of(name: str, dtype: torch.dtype = torch.float64) -> hiremate.Graph:
+    model, sample = get_model(name, dtype)
+    return hiremate.build_graph(model, sample, cost_model="flops")
+
+
+def schedules_of(graph: hiremate.Graph) -> dict[str, hiremate.Schedule]:
+    return {"autodiff": hiremate.autodiff_schedule(graph), **recomputing_schedules(graph)}
+
+
+def split(sample: Any) -> tuple[tuple, dict]:
+    return zoo.split_sample(sample)
+
+
+def run_step(module: Any, sample: Any) -> tuple[Any, list[torch.Tensor | None]]:
+    """One forward and backward of ``loss_of``; returns the outputs and the gradients of the
+    parameters and of the sample's tensors that require grad."""
+    args, kwargs = split(sample)
+    out = module(*args, **kwargs)
+    loss_of(out).backward()
+    model = module.model if isinstance(module, RematModule) else module
+    grads = [p.grad for p in model.parameters()]
+    grads += [t.grad for t in pytree.tree_leaves((args, kwargs))
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    return out, grads
+
+
+def fresh_sample(sample: Any) -> Any:
+    """A copy of the sample with new leaf tensors (so input gradients start at None)."""
+    return pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), sample)
+
+
+def assert_close(a: Any, b: Any, rtol: float = 1e-12, atol: float = 1e-12) -> None:
+    la, sa = pytree.tree_flatten(a)
+    lb, sb = pytree.tree_flatten(b)
+    assert sa == sb, f"structures differ: {sa} vs {sb}"
+    for x, y in zip(la, lb):
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype
+            torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
+        else:
+            assert x == y
+
+
+def compare(name: str, schedule_name: str, dtype: torch.dtype = torch.float64,
+            rtol: float = 1e-12, atol: float = 1e-12) -> RematModule:
+    """Eager and hiremate on the same model and sample: outputs, gradients, buffers."""
+    graph = graph_of(name, dtype)
+    schedule = schedules_of(graph)[schedule_name]
+    assert hiremate.simulate(graph, schedule).valid
+    model, sample = get_model(name, dtype)
+    ref = copy.deepcopy(model)
+    remat = RematModule(model, graph, schedule)
+    out_ref, grads_ref = run_step(ref, fresh_sample(sample))
+    out, grads = run_step(remat, fresh_sample(sample))
+    assert_close(out, out_ref, rtol, atol)
+    assert len(grads) == len(grads_ref)
+    for g, gr in zip(grads, grads_ref):
+        assert (g is None) == (gr is None)
+        if g is not None:
+            torch.testing.assert_close(g, gr, rtol=rtol, atol=atol)
+    for b, br in zip(model.buffers(), ref.buffers()):
+        torch.testing.assert_close(b, br, rtol=0, atol=0)
+    return remat
