@@ -1,37 +1,53 @@
 """H-Partition: the greedy recursive convex partitioning of HiRemate (paper, section 3.1, app. A).
 
-One level of the algorithm, on the current graph G:
+One level of the algorithm, on the current graph G (nodes numbered topologically):
 
-1. For every node x, a(x) is the closest common ancestor of its predecessors, with a virtual
-   global source above every entry. We take the dominator sense of "closest common ancestor":
-   a(x) is the immediate dominator of x, which on a DAG numbered topologically is the lowest
-   common ancestor of x's predecessors in the dominator tree. This is exactly what makes the
-   candidate groups valid in the sense of the paper's Property 1: every predecessor of a node
-   on a path from a(x) to x is itself on such a path, or is a(x).
-2. The candidate C_x holds every node on a path from a(x) to x, in four variants with or
-   without each end. The variants that keep a(x) are kept only when a(x) has at most one
-   predecessor, the case where they still satisfy Property 1 (head: that predecessor); the
-   others would be convex on their own but could lose convexity when merged with a neighbour.
-   Candidates with fewer than two or more than ``max_sub`` nodes are discarded.
-3. Repeatedly take the candidate of smallest score s_alpha (eq. 1): the bytes of the values
-   entering or leaving it times (number of original nodes)^alpha. It becomes a group; every
-   other candidate that meets it absorbs it (Theorem A.4: still a valid candidate, hence convex)
-   and is dropped when it grows beyond ``max_sub`` nodes.
-4. Stop when no candidate is left or the graph, groups counted as single nodes, has at most
-   ``max_top`` nodes; groups become the nodes of the next level; repeat until the top graph has
-   at most ``max_top`` nodes.
+1. Candidates. For every node x, a(x) is the closest common ancestor of its predecessors, with a
+   virtual global source above every entry; we take it in the dominator sense (the immediate
+   dominator of x). The candidate holds every node on a path from a(x) to x, in the paper's four
+   variants with or without each end; candidates of fewer than two or more than ``max_sub``
+   nodes are discarded.
+   On captured graphs a(x) is often far away: one value computed early and read by every layer
+   (GPT-2's causal mask, rotary tables, an encoder's output read by every decoder layer) makes
+   the global source the dominator of everything after it, so the paper's interval is the whole
+   prefix and no candidate would cover an attention block. For such an x we take instead the
+   prefix of x's highest-numbered ancestors (at most ``max_sub``) whose interface, in bytes, is
+   smallest: the set of x's ancestors numbered from some t on. With the ancestors numbered
+   below t absorbed into the global source this is the paper's interval again.
+   Nodes with no edge at all (e.g. BatchNorm's ``num_batches_tracked`` increments) are in no
+   candidate (their interval is themselves); once the greedy is done, each joins the group of
+   its next (else previous) linked node in topological order when that group has room.
+2. Validity. Every candidate is *closed*: each predecessor of a member is a member or numbered
+   below the candidate's first linked member (isolated nodes do not count). The paper's
+   candidates are closed (all their outside predecessors are a(x)). A closed set is convex (a
+   path leaving it and coming back would enter it from a node numbered above its first member),
+   and disjoint closed groups contract without a cycle (along an edge between groups, the first
+   member's number strictly grows). This replaces Property 1 and Theorem A.4, which the
+   generalised candidates do not satisfy: the union of two closed sets need not be closed.
+3. Greedy. Repeatedly take the candidate of smallest score s_alpha (eq. 1): the bytes of the
+   values entering or leaving it times (number of original nodes)^alpha. It becomes a group;
+   every other candidate that meets it absorbs it (the paper's update), then is closed again
+   (predecessors in its range are added, whole groups at a time) and dropped when it grows
+   beyond ``max_sub`` nodes. For the paper's candidates the closure adds nothing.
+4. Stop. The level goes on until no candidate is left or the graph, groups counted as single
+   nodes, has at most ``max_top`` nodes. In the latter case it still takes every candidate
+   whose score is at most the largest score taken so far, so that identical blocks (equal
+   scores) end up grouped alike rather than cut off midway through one repetition; this keeps
+   the number of unique subgraphs from growing with the number of layers. Groups become the
+   nodes of the next level; repeat until the top graph has at most ``max_top`` nodes.
 
 When a level finds no candidate at all (e.g. a graph of independent nodes) the level falls back
 to cutting its topological order into intervals of ``max_sub`` nodes: an interval of a
 topological order is always convex, so progress is guaranteed.
 
-Complexity: building candidates costs O(max_sub * degree) per node (the backward search stops
-when it exceeds ``max_sub`` nodes, and the dominator walk is capped likewise); each merge
-touches the candidates that meet the new group, a number bounded by the local structure.
+Complexity: building candidates costs O(max_sub * degree * log) per node (the backward searches
+stop after ``max_sub`` nodes, and the dominator walk is capped likewise); each merge touches the
+candidates that meet the new group, a number bounded by the local structure.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 
@@ -124,30 +140,146 @@ class _Scorer:
         return total * leaves ** self.alpha
 
 
+def linked_nodes(preds: list[tuple[int, ...]]) -> list[bool]:
+    """Whether each node has a predecessor or a successor (isolated nodes constrain nothing)."""
+    linked = [bool(ps) for ps in preds]
+    for ps in preds:
+        for p in ps:
+            linked[p] = True
+    return linked
+
+
+def is_closed(group: frozenset[int] | set[int], preds: list[tuple[int, ...]],
+              linked: list[bool]) -> bool:
+    """Whether every predecessor of a member is a member or precedes the group's first linked
+    member: the validity invariant of every candidate and group (see the module docstring).
+    It implies convexity, and disjoint closed groups always contract without a cycle."""
+    lo = min((u for u in group if linked[u]), default=None)
+    if lo is None:
+        return True
+    return all(p in group or p < lo for u in group for p in preds[u])
+
+
+def ancestor_suffix(x: int, preds: list[tuple[int, ...]], limit: int) -> list[int]:
+    """The ``limit`` highest-numbered ancestors of ``x`` (``x`` first), in decreasing order.
+
+    Every prefix of the answer is closed: a predecessor of one of its nodes is either in it or
+    numbered below its last node (the search pops ancestors largest first).
+    """
+    out: list[int] = []
+    heap = [-x]
+    seen = {x}
+    while heap and len(out) < limit:
+        u = -heapq.heappop(heap)
+        out.append(u)
+        for p in preds[u]:
+            if p not in seen:
+                seen.add(p)
+                heapq.heappush(heap, -p)
+    return out
+
+
+class _Cuts:
+    """Interface bytes of each prefix of an ancestor suffix, computed incrementally.
+
+    Adding the next (lowest) node u to a set S of larger-numbered nodes: u's values read
+    inside S stop being inputs, u's values read outside S or by the loss become outputs, and
+    u's own inputs join the inputs. Outputs of S never change (nothing in S feeds u).
+    """
+
+    def __init__(self, dag: ForwardDag):
+        self.reads, self.writes = dag.node_values()
+        self.size = dag.value_size
+        self.users = dag.value_users
+        self.is_out = dag.value_is_output
+
+    def best(self, suffix: list[int]) -> int:
+        """The prefix length k >= 2 whose interface is smallest (ties: the smaller k), or 0."""
+        members: set[int] = set()
+        inputs: set[int] = set()
+        total = 0
+        best_k, best_bytes = 0, -1
+        for k, u in enumerate(suffix, start=1):
+            members.add(u)
+            for v in self.writes[u]:
+                if v in inputs:
+                    inputs.discard(v)
+                    total -= self.size[v]
+                if self.is_out[v] or any(w not in members for w in self.users[v]):
+                    total += self.size[v]
+            for v in self.reads[u]:
+                if v not in inputs:
+                    inputs.add(v)
+                    total += self.size[v]
+            if k >= 2 and (best_bytes < 0 or total < best_bytes):
+                best_k, best_bytes = k, total
+        return best_k
+
+
 def candidates(dag: ForwardDag, max_sub: int) -> list[frozenset[int]]:
-    """The initial candidate groups of one level, deduplicated, in a deterministic order."""
+    """The initial candidate groups of one level, deduplicated, in a deterministic order.
+
+    For each x: the paper's four variants of the nodes between a(x) and x when they fit in
+    ``max_sub``; otherwise (a(x) is far, typically because x also reads a value computed long
+    before, such as an attention mask shared by all layers) the prefix of x's highest-numbered
+    ancestors with the smallest interface, with and without x.
+    """
     preds = dag.preds
     idom = immediate_dominators(preds, cap=4 * max_sub + 8)
+    cuts = _Cuts(dag)
     found: dict[frozenset[int], None] = {}
     for x in range(dag.n):
         a = idom[x]
-        between = _between(x, a, preds, max_sub + 2)
-        if between is None:
-            continue
-        keep_head = a != _ROOT and len(preds[a]) <= 1
-        inner = between - {a} if a != _ROOT else between
-        variants = [inner, inner - {x}]
-        if keep_head:
-            variants += [between, between - {x}]
+        between = _between(x, a, preds, max_sub + 1)
+        if between is not None:
+            inner = between - {a} if a != _ROOT else between
+            variants = [inner, inner - {x}]
+            if a != _ROOT:
+                variants += [between, between - {x}]
+        else:
+            suffix = ancestor_suffix(x, preds, max_sub)
+            k = cuts.best(suffix)
+            cut = set(suffix[:k])
+            variants = [cut, cut - {x}]
         for c in variants:
             if 2 <= len(c) <= max_sub:
                 found.setdefault(frozenset(c), None)
     return list(found)
 
 
+def _close(members: set[int], preds: list[tuple[int, ...]], linked: list[bool], unit,
+           limit: int) -> frozenset[int] | None:
+    """Smallest closed superset of ``members`` made of whole units (groups), or None when it
+    has more than ``limit`` nodes. ``unit(p)`` lists the nodes that must stay with ``p``."""
+    def first() -> int:
+        return min((u for u in members if linked[u]), default=len(preds))
+
+    lo = first()
+    stack = list(members)
+    while stack:
+        u = stack.pop()
+        for p in preds[u]:
+            if p < lo or p in members:
+                continue
+            for m in unit(p):
+                if m not in members:
+                    members.add(m)
+                    stack.append(m)
+            if len(members) > limit:
+                return None
+            new_lo = first()
+            if new_lo < lo:  # predecessors skipped so far may now fall inside the range
+                lo = new_lo
+                stack = list(members)
+                break
+    return frozenset(members)
+
+
 def greedy_groups(dag: ForwardDag, max_top: int, max_sub: int, alpha: float) -> list[frozenset[int]]:
     """One level of Algorithm 2: the groups (of two nodes or more) that become subgraphs."""
     score = _Scorer(dag, alpha)
+    preds = dag.preds
+    linked = linked_nodes(preds)
     cand: dict[int, frozenset[int]] = {}
     by_set: dict[frozenset[int], int] = {}
     of_node: list[set[int]] = [set() for _ in range(dag.n)]
@@ -174,11 +306,21 @@ def greedy_groups(dag: ForwardDag, max_top: int, max_sub: int, alpha: float) -> 
 
     group_of = [-1] * dag.n
     groups: dict[int, frozenset[int]] = {}
+
+    def unit(u: int) -> frozenset[int] | tuple[int]:
+        return groups[group_of[u]] if group_of[u] >= 0 else (u,)
+
     count = dag.n
-    while heap and count > max_top:
-        _, cid = heapq.heappop(heap)
+    tier = -1.0  # the largest score selected so far
+    while heap:
+        s, cid = heap[0]
         if cid not in cand:
+            heapq.heappop(heap)
             continue  # stale entry: the candidate was updated or dropped
+        if count <= max_top and s > tier:
+            break  # small enough, and every candidate scoring <= tier has been taken
+        heapq.heappop(heap)
+        tier = max(tier, s)
         c = remove(cid)
         units = {group_of[u] if group_of[u] >= 0 else -2 - u for u in c}
         count -= len(units) - 1
@@ -190,12 +332,52 @@ def greedy_groups(dag: ForwardDag, max_top: int, max_sub: int, alpha: float) -> 
             group_of[u] = cid
         touched = sorted(set().union(*(of_node[u] for u in c)))
         for other in touched:
-            merged = remove(other) | c
-            if len(merged) > max_sub or merged == c or merged in by_set:
+            union = remove(other) | c
+            if len(union) > max_sub or union == c:
+                continue
+            merged = _close(set(union), preds, linked, unit, max_sub)
+            if merged is None or merged == c or merged in by_set:
                 continue
             add(merged, next_id)  # a new id: older heap entries of ``other`` become stale
             next_id += 1
+    next_id = _attach_isolated(linked, group_of, groups, max_sub, next_id)
     return [groups[g] for g in sorted(groups, key=lambda g: min(groups[g]))]
+
+
+def _attach_isolated(linked: list[bool], group_of: list[int], groups: dict[int, frozenset[int]],
+                     max_sub: int, next_id: int) -> int:
+    """Let each node without any edge join the unit of its next linked node in topological
+    order (else of its previous one) when that unit has room; those left over are grouped
+    among themselves, ``max_sub`` at a time. ``groups`` and ``group_of`` are updated in place.
+    No candidate holds such a node (its interval is itself), and adding it to a closed group
+    keeps the group closed, since isolated members do not count."""
+    order = [u for u in range(len(linked)) if linked[u]]
+    for x in range(len(linked)):
+        if linked[x] or group_of[x] >= 0:
+            continue
+        at = bisect.bisect(order, x)
+        for y in order[at:at + 1] + order[max(at - 1, 0):at]:
+            g = group_of[y]
+            members = groups[g] if g >= 0 else frozenset((y,))
+            if len(members) >= max_sub:
+                continue
+            if g >= 0:
+                del groups[g]
+            joined = members | {x}
+            groups[next_id] = joined
+            for u in joined:
+                group_of[u] = next_id
+            next_id += 1
+            break
+    left = [x for x in range(len(linked)) if not linked[x] and group_of[x] < 0]
+    for s in range(0, len(left) - 1, max_sub):
+        chunk = frozenset(left[s:s + max_sub])
+        if len(chunk) >= 2:
+            groups[next_id] = chunk
+            for u in chunk:
+                group_of[u] = next_id
+            next_id += 1
+    return next_id
 
 
 def interval_groups(n: int, max_sub: int) -> list[frozenset[int]]:

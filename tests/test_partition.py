@@ -21,9 +21,11 @@ from hiremate.partition import (
     draw_hierarchy, forward_dag, make_partitioner,
 )
 from hiremate.partition.gptlike import gpt_like_dag, gpt_like_dag_ops, layers_for
-from hiremate.partition.hpartition import _Scorer, immediate_dominators
+from hiremate.partition.hpartition import (
+    _Cuts, _Scorer, ancestor_suffix, candidates, immediate_dominators, is_closed, linked_nodes,
+)
 from hiremate.partition.sequence import separators
-from hiremate.synthetic import DagOp, chain_graph, graph_from_dag, random_graph
+from hiremate.synthetic import DagOp, chain_graph, graph_from_dag, random_dag, random_graph
 
 
 # -- independent checks ------------------------------------------------------------------------
@@ -132,6 +134,128 @@ def test_hpartition_properties(params, max_sub, max_top, alpha):
     check_hierarchy(h, graph, max_sub, max_top)
     assert h.to_json() == part.partition(graph).to_json()  # deterministic
     check_translations(h, graph)
+
+
+def with_isolated_nodes(seed: int, n: int, n_isolated: int, p_soft: float) -> Graph:
+    """A random graph with ``n_isolated`` nodes that read only a user input and feed nothing
+    (like BatchNorm's ``num_batches_tracked`` updates), inserted at random positions."""
+    rng = random.Random(seed)
+    ops = random_dag(rng, n, 2, p_soft=p_soft)
+    slots = sorted(rng.sample(range(n + n_isolated), n_isolated))
+    new_index: list[int] = []
+    out: list[DagOp] = []
+    k = 0
+    for pos in range(n + n_isolated):
+        if slots and pos == slots[0]:
+            slots.pop(0)
+            out.append(DagOp([-1], 8, 0.1, code="counter"))
+        else:
+            new_index.append(pos)
+            out.append(ops[k])
+            k += 1
+    for op in out:
+        op.inputs = [new_index[i] if i >= 0 else i for i in op.inputs]
+        op.soft_inputs = [new_index[i] for i in op.soft_inputs]
+    return graph_from_dag(out, [64, 64])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(2, 40), st.integers(1, 8), st.integers(2, 8),
+       st.integers(1, 10), st.sampled_from([0.0, 2.0]))
+def test_hpartition_with_isolated_nodes(seed, n, n_isolated, max_sub, max_top, p_soft):
+    graph = with_isolated_nodes(seed, n, n_isolated, p_soft)
+    h = HPartition(max_top=max_top, max_sub=max_sub).partition(graph)
+    check_hierarchy(h, graph, max_sub, max_top)
+    check_translations(h, graph)
+
+
+def test_isolated_nodes_join_a_neighbour():
+    """Nodes without any edge would never be grouped by the paper's candidates (their interval
+    is themselves); they join a topological neighbour instead of staying alone."""
+    ops: list[DagOp] = []
+    prev = -1
+    for _ in range(12):
+        ops.append(DagOp([-1], 8, 0.1, code="counter"))
+        ops.append(DagOp([prev], 100, 1.0, code="conv"))
+        prev = len(ops) - 1
+    graph = graph_from_dag(ops, [100])
+    dag, _, _ = forward_dag(graph)
+    assert sum(not x for x in linked_nodes(dag.preds)) == 12
+    for max_sub, max_top in ((4, 6), (6, 6), (15, 3)):
+        h = HPartition(max_top=max_top, max_sub=max_sub).partition(graph)
+        check_hierarchy(h, graph, max_sub, max_top)
+        assert h.depth <= 3
+        first = h.owner(1)
+        alone = [nid for nid in range(0, len(ops), 2) if first[nid].is_node]
+        assert len(alone) <= 4, alone
+
+
+def test_candidates_are_closed_and_convex():
+    """Every initial candidate satisfies the closedness invariant, hence is convex (checked
+    with networkx), on graphs with soft edges, several inputs and isolated nodes."""
+    for seed in range(25):
+        graph = with_isolated_nodes(seed, 30, 3, 2.0) if seed % 2 else make_graph(
+            (seed, 35, 2, 3, 2.0))
+        dag, node_ids, _ = forward_dag(graph)
+        g = fwd_digraph(graph)
+        linked = linked_nodes(dag.preds)
+        for max_sub in (3, 6):
+            for c in candidates(dag, max_sub):
+                assert 2 <= len(c) <= max_sub
+                assert is_closed(c, dag.preds, linked)
+                assert is_convex(g, {node_ids[u] for u in c})
+
+
+def test_ancestor_suffix_and_best_cut_by_brute_force():
+    """The suffix is x's ancestors (networkx) from the top; the best cut is the prefix of
+    smallest interface, recomputed from scratch with the eq. (1) scorer at alpha = 0."""
+    for seed in range(20):
+        graph = make_graph((seed, 40, 2, 3, 0.5))
+        dag, node_ids, _ = forward_dag(graph)
+        g = nx.DiGraph()
+        g.add_nodes_from(range(dag.n))
+        g.add_edges_from((p, i) for i, ps in enumerate(dag.preds) for p in ps)
+        bytes_of = _Scorer(dag, 0.0)
+        cuts = _Cuts(dag)
+        for x in range(0, dag.n, 3):
+            suffix = ancestor_suffix(x, dag.preds, 8)
+            assert suffix == sorted(nx.ancestors(g, x) | {x}, reverse=True)[:8]
+            k = cuts.best(suffix)
+            if len(suffix) < 2:
+                assert k == 0
+                continue
+            costs = [bytes_of(frozenset(suffix[:j])) for j in range(2, len(suffix) + 1)]
+            assert k == 2 + costs.index(min(costs))
+
+
+def layered_graph(layers: int, shared: bool) -> Graph:
+    """Residual layers [a -> b -> c -> d, d + input]; with ``shared``, every b also reads a
+    small value computed once at the start (an attention mask, say)."""
+    ops = [DagOp([-1], 400, 1.0, code="embed"), DagOp([-1], 10, 1.0, code="mask")]
+    x = 0
+    for _ in range(layers):
+        base = len(ops)
+        ops.append(DagOp([x], 200, 1.0, code="a"))
+        ops.append(DagOp([base] + ([1] if shared else []), 300, 1.0, code="b"))
+        ops.append(DagOp([base + 1], 300, 1.0, code="c"))
+        ops.append(DagOp([base + 2], 400, 1.0, code="d"))
+        ops.append(DagOp([base + 3, x], 400, 1.0, code="res"))
+        x = base + 4
+    return graph_from_dag(ops, [100])
+
+
+def test_a_value_shared_by_all_layers_does_not_flatten_the_hierarchy():
+    """The shared value makes the virtual source the dominator of every layer; the partition
+    must still find the per-layer blocks, with the same depth and classes as without it."""
+    for layers in (8, 32):
+        plain = HPartition(max_top=10, max_sub=6).partition(layered_graph(layers, False))
+        graph = layered_graph(layers, True)
+        h = HPartition(max_top=10, max_sub=6).partition(graph)
+        check_hierarchy(h, graph, 6, 10)
+        s, p = h.summary(), plain.summary()
+        assert s["levels"] == p["levels"] <= 4
+        assert abs(s["unique_subgraphs"] - p["unique_subgraphs"]) <= 1
+        assert s["subgraphs"] > 2 * s["unique_subgraphs"]
 
 
 def test_random_graphs_have_soft_dependencies_and_several_outputs():
@@ -259,6 +383,27 @@ def test_unique_classes_do_not_grow_with_repeated_blocks():
             check_hierarchy(h, graph, 15, 30)
             check_translations(h, graph)
     assert max(counts.values()) - min(counts.values()) <= 2, counts
+
+
+def test_zoo_gpt2_unique_subgraphs_do_not_grow():
+    """On a captured GPT-2 (its causal mask is read by every layer, its layer norms have three
+    outputs, its reshapes are folded in) the unique classes stay put from 2 to 4 layers, and the
+    hierarchy stays shallow."""
+    import hiremate
+    from hiremate import zoo
+
+    counts = {}
+    for layers in (2, 4):
+        model, sample = zoo.get("gpt2", layers=layers)
+        graph = hiremate.build_graph(model, sample, cost_model="flops")
+        h = HPartition(max_top=30, max_sub=15).partition(graph)
+        check_hierarchy(h, graph, 15, 30)
+        s = h.summary()
+        counts[layers] = s["unique_subgraphs"]
+        assert s["levels"] <= 3
+        # each layer's attention block and MLP block are subgraphs of 8 nodes or more
+        assert sum(sub.size >= 8 for sub in h.subgraphs if sub.id != h.root) >= 2 * layers
+    assert counts[4] <= counts[2] + 1, counts
 
 
 def test_a_different_node_breaks_identity():
