@@ -106,5 +106,5 @@ def test_recomputation_of_dropout_keeps_memory_prediction() -> None:
     assert recomputations(sched) > 0 and any(isinstance(s, Delete) for s in sched)
     model, (x,) = get_model("dropnet")
     remat = RematModule(model, graph, sched)
-    m = hiremate.measure(remat, x, repeats=1, warmup=1)
+    m = hiremate.measure(remat, x, repeats=1, warmup=0)
     assert m.peak <= remat.predicted.peak * 1.05 + 2 ** 20
