@@ -205,7 +205,7 @@ def make_blocks(graph: Graph, hierarchy: Any) -> tuple[list[Block], list[int]]:
     for i, leaves in enumerate(parts):
         sub, node_map, data_map = extract(graph, leaves, bwd_of[i])
         blocks.append(Block(i, leaves, tuple(sorted(bwd_of[i])), sub, tuple(node_map),
-                            tuple(data_map), graph_key(sub)))
+                            tuple(data_map), graph_key(sub, times=True)))
     return blocks, tail
 
 
@@ -375,47 +375,74 @@ class RkRotorTop:
 
     def compose(self, problem: TopProblem, budget: int) -> tuple[list[Candidate], int | None]:
         """Candidates within ``budget`` (simulated), and the smallest peak a candidate reached
-        (the min-memory sequence's), which a later call at that budget meets again."""
-        from hiremate.solvers.rk_rotor import block_min_budget, solve_blocks
+        (the min-memory sequence's), which a later call at that budget meets again.
+
+        The DP's memory model is only a guide for the full graph (block interfaces are summed,
+        the tail is ignored), so the abstract budget handed to the DP is searched: the highest
+        one whose translated schedule fits ``budget`` is wanted (bisection between the DP's
+        minimum and the store-everything sequence's abstract peak, ``retries`` steps)."""
+        from hiremate.solvers.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
 
         bc = self.block_chain(problem)
         graph = problem.graph
-        low = block_min_budget(bc)
         found: list[Candidate] = []
-        lowest: int | None = None
         tried: list = []
-        try:
-            sol = solve_blocks(bc, max(low, low * (1 + 1e-9)), self.slots)
-            sched = self.translate(problem, sol.ops)
+
+        def evaluate(ops, abstract) -> SimulationResult:
+            sched = self.translate(problem, ops)
             sim = simulate(graph, sched)
-            if sim.valid:
-                lowest = sim.peak
-                if sim.peak <= budget:
-                    found.append(Candidate(sched, sim, self.name,
-                                           {"abstract_budget": low, "ops": sol.ops}))
-        except (ValueError, AssertionError) as exc:
-            log.warning("rk-Rotor min-memory sequence failed: %s", exc)
-        target = float(budget)
-        for _ in range(self.retries):
-            if target < low:
-                break
-            try:
-                sol = solve_blocks(bc, target, self.slots)
-            except (ValueError, AssertionError) as exc:
-                log.debug("rk-Rotor at %s: %s", target, exc)
-                break
-            sched = self.translate(problem, sol.ops)
-            sim = simulate(graph, sched)
-            tried.append((target, sim.peak if sim.valid else None))
-            if sim.valid and sim.peak <= budget:
-                found.append(Candidate(sched, sim, self.name,
-                                           {"abstract_budget": target, "ops": sol.ops}))
-                break
+            tried.append((round(abstract), sim.peak if sim.valid else "invalid"))
             if not sim.valid:
                 log.warning("rk-Rotor translation invalid (a bug): %s", sim.error)
-                break
-            target -= max(sim.peak - budget, 0.01 * budget)
-        log.info("rk-Rotor: %d blocks, abstract min %s, tries %s", bc.L, fmt_bytes(low), tried)
+            elif sim.peak <= budget:
+                found.append(Candidate(sched, sim, self.name,
+                                       {"abstract_budget": abstract, "ops": tuple(ops)}))
+            return sim
+
+        # store everything: each block's fastest option, no recomputation
+        fastest = [min(range(len(b.options)), key=lambda k: b.options[k].time)
+                   for b in problem.blocks]
+        L = bc.L
+        store = ([BlockOp("Fn", i, fastest[i - 1]) for i in range(1, L + 1)]
+                 + [BlockOp("Loss", L + 1)]
+                 + [BlockOp("B", i, fastest[i - 1]) for i in range(L, 0, -1)])
+        hi = simulate_blocks(bc, store).peak
+        sim_hi = evaluate(store, hi)
+        low = block_min_budget(bc)
+        lowest: int | None = None
+        if sim_hi.valid and sim_hi.peak <= budget:
+            lowest = sim_hi.peak
+        else:
+            lo_ok: float | None = None
+            try:
+                sol = solve_blocks(bc, low * (1 + 1e-9), self.slots)
+                sim = evaluate(sol.ops, low)
+                if sim.valid:
+                    lowest = sim.peak
+                    lo_ok = low if sim.peak <= budget else None
+            except (ValueError, AssertionError) as exc:
+                log.warning("rk-Rotor min-memory sequence failed: %s", exc)
+            if lo_ok is not None:
+                a, b = lo_ok, hi
+                guess = min(max(float(budget), a), b)
+                for _ in range(self.retries):
+                    if b - a <= 1e-3 * max(b, 1.0):
+                        break
+                    mid = guess if guess is not None else (a + b) / 2
+                    guess = None
+                    try:
+                        sol = solve_blocks(bc, mid, self.slots)
+                    except (ValueError, AssertionError) as exc:
+                        log.debug("rk-Rotor at %s: %s", mid, exc)
+                        a = mid
+                        continue
+                    sim = evaluate(sol.ops, mid)
+                    if sim.valid and sim.peak <= budget:
+                        a = mid
+                    else:
+                        b = mid
+        log.info("rk-Rotor: %d blocks, abstract min %s, store-all %s, tries %s", L,
+                 fmt_bytes(low), fmt_bytes(hi), tried)
         return found, lowest
 
 
@@ -486,7 +513,9 @@ def _progress(cfg: Any, iterable, desc: str, total: int | None = None):
 def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
     """Menus of the unique blocks with every applicable bottom solver (parallel, cached); fills
     ``block.options`` and returns per-class facts for the report."""
-    from joblib import Parallel, delayed
+    from joblib import Parallel, delayed, parallel_config
+
+    from hiremate.menu_cache import graph_key
 
     unique: dict[str, Block] = {}
     for b in blocks:
@@ -494,7 +523,7 @@ def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
     tasks, results = [], {}
     for key, blk in unique.items():
         for name in cfg.bottom:
-            ckey = {"kind": "menu", "graph": key, **cfg.solver_key(name)}
+            ckey = {"kind": "menu", "graph": graph_key(blk.graph), **cfg.solver_key(name)}
             hit = cache.get(ckey)
             if hit is not None:
                 results[(key, name)] = (hit[0], 0.0, hit[1], True)
@@ -508,8 +537,10 @@ def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
                                     cfg.menu_peaks, cfg.menu_saves)
                     for k, n, _ in _progress(cfg, tasks, "bottom level: menus")]
         else:
-            par = Parallel(n_jobs=cfg.n_jobs, backend=cfg.backend, return_as="generator")
-            outs = list(_progress(cfg, par(calls), "bottom level: menus", total=len(tasks)))
+            # parallel_config also knows the external backends (dask: a distributed Client)
+            with parallel_config(backend=cfg.backend, n_jobs=cfg.n_jobs):
+                par = Parallel(return_as="generator")
+                outs = list(_progress(cfg, par(calls), "bottom level: menus", total=len(tasks)))
         for (key, name, ckey), (opts, secs, err) in zip(tasks, outs):
             results[(key, name)] = (opts, secs, err, False)
             if err in ("", "not applicable"):

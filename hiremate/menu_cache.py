@@ -32,13 +32,19 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "hiremate"
 
 
-def graph_key(graph: Graph) -> str:
-    """SHA-256 of what a solver sees of ``graph``: structure, kinds, sizes and costs (names, ops
-    and meta left out, so identical blocks of different models share entries)."""
+def graph_key(graph: Graph, times: bool = False) -> str:
+    """SHA-256 of what a solver sees of ``graph``: structure, kinds, sizes, memory overheads
+    and op signatures (names, ops and meta left out, so identical blocks of different models
+    share entries).
+
+    Measured times are left out unless ``times``: they are medians of a noisy measurement, so
+    two captures of one model never agree on them, while the op signature (operation, shapes,
+    dtypes, device) already determines what is measured. A hit therefore returns what was
+    solved with the first capture's times; the caller re-simulates it with the current ones."""
     h = hashlib.sha256()
     for n in graph.nodes:
-        h.update(repr((n.kind.value, n.inputs, n.outputs, n.soft_inputs, n.time, n.overhead,
-                       n.signature, n.partner, n.random)).encode())
+        h.update(repr((n.kind.value, n.inputs, n.outputs, n.soft_inputs, n.overhead,
+                       n.signature, n.partner, n.random, n.time if times else None)).encode())
     for d in graph.data:
         h.update(repr((d.kind.value, d.size, d.producer)).encode())
     h.update(repr(graph.outputs).encode())

@@ -1,0 +1,122 @@
+"""HRockmate end to end on zoo models: feasibility at half the autodiff peak, gradients equal to
+eager PyTorch's (float64), measured peak within the budget, save/load, cache hits.
+
+The default run covers ``mlp`` (seconds); every zoo model and the scale cases are ``slow``."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import hiremate
+from hiremate import zoo
+from hiremate.api import HRockmate
+
+FAST = {"progress": False, "n_jobs": 1}
+
+
+def grads(fn, model, sample):
+    args, kwargs = zoo.split_sample(sample)
+    for p in model.parameters():
+        p.grad = None
+    zoo.output_loss(fn(*args, **kwargs)).backward()
+    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    for p in model.parameters():
+        p.grad = None
+    return out
+
+
+def check_model(name: str, remat: HRockmate, model, sample, budget_frac: float = 0.5):
+    rep = remat.report()
+    sim = hiremate.simulate(remat.graph, remat.schedule)
+    assert sim.valid and sim.peak <= rep["budget"]
+    assert rep["budget"] <= budget_frac * rep["autodiff_peak"] + 1
+    eager = grads(model, model, sample)
+    mine = grads(remat, model, sample)
+    assert eager.keys() == mine.keys()
+    for k in eager:
+        torch.testing.assert_close(mine[k], eager[k], rtol=0, atol=1e-12, msg=f"{name}: {k}")
+    args, kwargs = zoo.split_sample(sample)
+    measured = hiremate.measure(remat, *args, **kwargs)
+    assert measured.peak <= rep["budget"] * 1.05, (name, measured.peak, rep["budget"])
+    return measured
+
+
+def test_mlp_end_to_end_save_load_and_cache(tmp_path):
+    model, sample = zoo.get("mlp", dtype=torch.float64)
+    cfg = {"cache_dir": str(tmp_path / "cache"), **FAST}
+    first = HRockmate(model, sample, 0.5, **cfg)
+    check_model("mlp", first, model, sample)
+    rep = first.report()
+    assert rep["relative_peak"] <= 0.5 and rep["solver"]
+    # a second run on the same model and configuration hits the cache
+    second = HRockmate(model, sample, 0.5, **cfg)
+    assert second.schedule == first.schedule
+    assert second.report()["cached"]
+    assert second.report()["solve_time"] * 10 <= rep["solve_time"]
+    # save / load skips capture and solving
+    path = tmp_path / "mlp.hiremate.json"
+    first.save(path)
+    t0 = time.perf_counter()
+    loaded = HRockmate.load(model, path)
+    assert time.perf_counter() - t0 < 5
+    assert loaded.schedule == first.schedule and loaded.graph == first.graph
+    assert loaded.report()["solve_time"] == 0.0
+    check_model("mlp", loaded, model, sample)
+
+
+def test_bad_budget_and_load_errors(tmp_path):
+    model, sample = zoo.get("mlp")
+    with pytest.raises(hiremate.ConfigError):
+        HRockmate(model, sample, -1, **FAST)
+    with pytest.raises(hiremate.ConfigError):
+        HRockmate(model, sample, float("nan"), **FAST)
+    with pytest.raises(hiremate.ConfigError, match="cannot read"):
+        HRockmate.load(model, tmp_path / "missing.json")
+
+
+def test_infeasible_budget_on_a_model(tmp_path):
+    model, sample = zoo.get("mlp", dtype=torch.float64)
+    cfg = {"cache": False, **FAST, "config": "twremat"}
+    with pytest.raises(hiremate.InfeasibleBudgetError) as info:
+        HRockmate(model, sample, 64, **cfg)
+    low = info.value.min_budget
+    assert low and low > 64
+    remat = HRockmate(model, sample, low, **cfg)
+    assert hiremate.simulate(remat.graph, remat.schedule).peak <= low
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", zoo.names())
+def test_zoo_model_at_half_the_autodiff_peak(name, tmp_path):
+    model, sample = zoo.get(name, dtype=torch.float64)
+    remat = HRockmate(model, sample, 0.5, cache_dir=str(tmp_path), progress=False)
+    check_model(name, remat, model, sample)
+
+
+@pytest.mark.slow
+def test_scale_gpt2_96_layers():
+    model, sample = zoo.get("gpt2", layers=96, width=64)
+    t0 = time.perf_counter()
+    remat = HRockmate(model, sample, 0.5, cache=False, progress=False)
+    elapsed = time.perf_counter() - t0
+    rep = remat.report()
+    print({k: rep.get(k) for k in ("compute_nodes", "blocks", "unique_blocks", "solve_time",
+                                   "relative_peak", "relative_time", "solver")}, elapsed)
+    assert elapsed <= 600
+    assert hiremate.simulate(remat.graph, remat.schedule).peak <= rep["budget"]
+
+
+@pytest.mark.slow
+def test_scale_transformer_36_36():
+    model, sample = zoo.get("transformer", layers=36)
+    t0 = time.perf_counter()
+    remat = HRockmate(model, sample, 0.5, cache=False, progress=False)
+    elapsed = time.perf_counter() - t0
+    rep = remat.report()
+    print({k: rep.get(k) for k in ("compute_nodes", "blocks", "unique_blocks", "solve_time",
+                                   "relative_peak", "relative_time", "solver")}, elapsed)
+    assert elapsed <= 1800
+    assert hiremate.simulate(remat.graph, remat.schedule).peak <= rep["budget"]
