@@ -53,7 +53,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _report_line(key: str, value: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and "peak" in key:
+    if isinstance(value, int) and not isinstance(value, bool) and "peak" in key:
         value = f"{fmt_bytes(value)} ({value} bytes)"
     elif isinstance(value, float):
         value = f"{value:.6g}"

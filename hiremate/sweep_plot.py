@@ -32,6 +32,17 @@ def safe_name(text: str) -> str:
 
 def plot_model(model: str, records: list[dict[str, Any]], path: Path) -> Path:
     """One PNG: x = measured peak, y = measured time overhead over eager (%)."""
+    import matplotlib.pyplot as plt
+
+    fig = model_figure(model, records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def model_figure(model: str, records: list[dict[str, Any]]) -> Any:
+    """The matplotlib figure of :func:`plot_model` (left open for the caller)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,10 +81,7 @@ def plot_model(model: str, records: list[dict[str, Any]], path: Path) -> Path:
             labels.append("hollow: over budget")
         ax.legend(handles, labels, title="method", fontsize="small")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def plot_all(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:

@@ -1,0 +1,215 @@
+"""End-to-end tests of sweeps: the smoke sweep's files and their consistency, resumability,
+failures as records, the dask backend, plots and the command line."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hiremate import cli, measure, zoo
+from hiremate import sweep_methods, sweep_runner
+from hiremate.errors import ConfigError
+from hiremate.sweep import replot, run_sweep
+from hiremate.sweep_plot import model_figure
+from hiremate.sweep_runner import grid
+from hiremate.sweep_spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "sweeps" / "smoke.yaml"
+TIMING_FIELDS = {"measured_time", "time_rel", "eager_time", "solve_time", "setup_time",
+                 "cell_time", "predicted_time", "extra", "message"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """The smoke sweep, run once for the tests of this module."""
+    out = tmp_path_factory.mktemp("smoke")
+    outcome = run_sweep(SMOKE, out, progress=False)
+    return out, outcome
+
+
+def test_smoke_writes_every_file(smoke):
+    out, outcome = smoke
+    spec = load_spec(SMOKE)
+    for name in ("results.json", "results.csv", "results.md"):
+        assert (out / name).is_file()
+    pngs = sorted(out.glob("*.png"))
+    assert [p.stem for p in pngs] == [m.label for m in spec.models]
+    import matplotlib.image
+
+    image = matplotlib.image.imread(pngs[0])
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
+    eager, rest = grid(spec)
+    assert sorted(outcome.ran) == sorted(c.key for c in eager + rest)
+    assert outcome.skipped == []
+
+
+def test_smoke_json_is_consistent(smoke):
+    out, _ = smoke
+    payload = json.loads((out / "results.json").read_text())
+    spec = load_spec(SMOKE)
+    assert payload["spec"] == spec.to_dict()
+    cells = payload["cells"]
+    eager, rest = grid(spec)
+    assert set(cells) == {c.key for c in eager + rest}
+    tol = spec.tolerance
+    for model in spec.models:
+        ref = cells[f"{model.label}|-|eager"]
+        assert ref["status"] == "ok" and ref["peak_rel"] == 1.0 and ref["time_rel"] == 1.0
+        # an independent measurement of the same model: memory figures are deterministic
+        m, sample = model.build(torch.float32)
+        torch.set_num_threads(spec.threads or torch.get_num_threads())
+        again = measure(m, sample, loss_fn=zoo.output_loss, repeats=1, warmup=0)
+        assert again.peak == ref["measured_peak"]
+        for key, rec in cells.items():
+            if rec["model"] != model.label:
+                continue
+            assert rec["eager_peak"] == ref["measured_peak"]
+            unbudgeted = rec["method"] in ("eager", "checkpoint", "checkpoint_sequential")
+            assert (rec["budget"] == "-") == unbudgeted
+            if not unbudgeted:
+                frac = float(rec["budget"])
+                assert rec["budget_bytes"] == math.floor(frac * ref["measured_peak"])
+                assert rec["budget_fraction"] == frac
+            if rec["status"] == "ok":
+                assert rec["peak_rel"] == pytest.approx(rec["measured_peak"] / ref["measured_peak"])
+                assert rec["time_rel"] == pytest.approx(rec["measured_time"] / ref["measured_time"])
+                if not unbudgeted:
+                    assert rec["feasible"] == (rec["measured_peak"] <=
+                                               rec["budget_bytes"] * (1 + tol))
+                else:
+                    assert rec["feasible"] is None
+            if rec["kind"] == "hiremate" and rec["status"] == "ok":
+                # the solver's schedule is within budget by the simulator's count
+                assert rec["predicted_peak"] <= rec["budget_bytes"]
+                assert rec["solve_time"] >= 0
+            if rec["status"] == "infeasible":
+                assert rec["feasible"] is False and rec["kind"] == "hiremate"
+    methods = {rec["method"] for rec in cells.values()}
+    assert methods == set(spec.methods)
+    # the mlp is an nn.Sequential: checkpoint_sequential applies to it
+    assert cells["mlp-L2-W32|-|checkpoint_sequential"]["status"] == "ok"
+    assert cells["mlp-L2-W32|0.5|compile"]["extra"]["activation_memory_budget"] == 0.5
+
+
+def test_smoke_csv_and_markdown_match_the_json(smoke):
+    out, _ = smoke
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["key"] for r in rows} == set(cells)
+    for r in rows:
+        rec = cells[r["key"]]
+        assert r["status"] == rec["status"]
+        if rec.get("measured_peak") is not None:
+            assert int(r["measured_peak"]) == rec["measured_peak"]
+    md = (out / "results.md").read_text()
+    for rec in cells.values():
+        row = next(line for line in md.splitlines()
+                   if line.startswith(f"| {rec['method']} | {rec['budget']} |"))
+        assert f"| {rec['status']} |" in row
+
+
+def test_second_run_runs_no_cell_again(smoke, tmp_path):
+    out, _ = smoke
+    copy = tmp_path / "again"
+    shutil.copytree(out, copy)
+    before = json.loads((copy / "results.json").read_text())["cells"]
+    outcome = run_sweep(SMOKE, copy, progress=False)
+    assert outcome.ran == []
+    assert sorted(outcome.skipped) == sorted(before)
+    after = json.loads((copy / "results.json").read_text())["cells"]
+    assert after == before
+    # drop one finished cell: exactly that one runs again
+    payload = json.loads((copy / "results.json").read_text())
+    dropped = "mlp-L2-W32|-|checkpoint"
+    del payload["cells"][dropped]
+    (copy / "results.json").write_text(json.dumps(payload))
+    outcome = run_sweep(SMOKE, copy, progress=False)
+    assert outcome.ran == [dropped]
+
+
+def test_the_smoke_plot_has_labelled_axes_and_legend(smoke):
+    out, _ = smoke
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    fig = model_figure("mlp-L2-W32", list(cells.values()))
+    ax = fig.axes[0]
+    assert "peak" in ax.get_xlabel() and "(" in ax.get_xlabel()
+    assert "overhead" in ax.get_ylabel() and "%" in ax.get_ylabel()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    ok_methods = {r["method"] for r in cells.values() if r["status"] == "ok"}
+    assert ok_methods <= set(labels)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_replot_and_cli_plot_redraw_from_json(smoke, tmp_path, capsys):
+    out, _ = smoke
+    copy = tmp_path / "replot"
+    shutil.copytree(out, copy)
+    for name in ("results.md", "results.csv", "mlp-L2-W32.png"):
+        (copy / name).unlink()
+    files = replot(copy)
+    assert all(Path(p).is_file() for p in files.values())
+    (copy / "results.md").unlink()
+    assert cli.main(["plot", str(copy)]) == 0
+    assert (copy / "results.md").is_file()
+    assert cli.main(["sweep", str(SMOKE), "--out", str(copy), "--no-progress"]) == 0
+    assert "0 cells run" in capsys.readouterr().out
+    assert cli.main(["plot", str(tmp_path / "nothing")]) == 2
+
+
+def _tiny_spec(**over):
+    data = {"name": "tiny", "models": [{"name": "mlp", "layers": 1, "width": 8}],
+            "budgets": [0.5], "methods": ["eager", "checkpoint"], "repeats": 1, "warmup": 0}
+    data.update(over)
+    return parse_spec(data)
+
+
+def test_a_failing_cell_is_recorded_and_retried_on_request(tmp_path, monkeypatch):
+    def broken(model, sample, spec):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(sweep_methods, "run_checkpoint", broken)
+    outcome = run_sweep(_tiny_spec(), tmp_path, progress=False, plots=False)
+    rec = outcome.store.cells["mlp-L1-W8|-|checkpoint"]
+    assert rec["status"] == "error" and "RuntimeError: boom" in rec["message"]
+    assert "boom" in (tmp_path / "results.md").read_text()
+    assert run_sweep(_tiny_spec(), tmp_path, progress=False, plots=False).ran == []
+    monkeypatch.undo()
+    again = run_sweep(_tiny_spec(), tmp_path, progress=False, plots=False, retry_errors=True)
+    assert again.ran == ["mlp-L1-W8|-|checkpoint"]
+    assert again.store.cells["mlp-L1-W8|-|checkpoint"]["status"] == "ok"
+
+
+def test_dask_backend_needs_distributed(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep_runner, "dask_available", lambda: False)
+    with pytest.raises(ConfigError, match="pip install dask distributed"):
+        run_sweep(_tiny_spec(), tmp_path, backend="dask", progress=False)
+
+
+def test_scheduler_needs_the_dask_backend(tmp_path):
+    with pytest.raises(ConfigError, match="needs backend 'dask'"):
+        run_sweep(_tiny_spec(), tmp_path, scheduler="tcp://127.0.0.1:8786", progress=False)
+
+
+@pytest.mark.slow  # about a minute on 2 cores: a local cluster, compile in each worker
+@pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
+                    reason="dask.distributed is not installed (pip install dask distributed)")
+def test_dask_local_cluster_gives_the_same_table(smoke, tmp_path):
+    out, _ = smoke
+    outcome = run_sweep(SMOKE, tmp_path, backend="dask", n_jobs=2, progress=False, plots=False)
+    ref = json.loads((out / "results.json").read_text())["cells"]
+    got = outcome.store.cells
+    assert set(got) == set(ref)
+    for key, rec in ref.items():
+        same = {k: v for k, v in rec.items() if k not in TIMING_FIELDS}
+        assert {k: v for k, v in got[key].items() if k not in TIMING_FIELDS} == same, key
