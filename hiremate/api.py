@@ -94,6 +94,21 @@ class HRockmate(torch.nn.Module):
                             calibration=history,
                             calibration_time=time.perf_counter() - start)
 
+    @classmethod
+    def from_graph(cls, model: torch.nn.Module, graph: Graph, budget: int | float | str,
+                   config: str | Path | dict | Config | None = "hiremate", sample: Any = None,
+                   **overrides: Any) -> "HRockmate":
+        """Like the constructor, on a graph already captured from ``model`` (no capture)."""
+        cfg = load_config(config, **overrides)
+        self = cls.__new__(cls)
+        torch.nn.Module.__init__(self)
+        target = resolve_budget(budget, graph)
+        result = solve_graph(graph, target, cfg)
+        self._setup(model, graph, result.schedule, result.report, cfg, sample)
+        if self.executor is not None and cfg.calibrate and sample is not None:
+            self._calibrate(model, graph, sample, target, cfg, result.report["solve_time"])
+        return self
+
     # -- construction ---------------------------------------------------------------------------
     def _setup(self, model, graph: Graph, schedule: Schedule, report: dict, cfg: Config,
                sample: Any = None) -> None:

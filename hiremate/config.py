@@ -8,8 +8,10 @@ Levels (where a solver may be placed):
 - ``bottom``: menu solvers (``menu(graph, budgets)``) for each unique block of the partition;
 - ``top``: composers that join the blocks' menus into one schedule (``rk-rotor``: chain of blocks).
 
-The hierarchical path (bottom + top) runs when the graph is larger than ``flat_max_nodes`` or no
-flat solver met the budget; both paths' candidates are compared and the fastest valid one kept.
+The hierarchical path (bottom + top) runs when the graph is larger than ``flat_max_nodes``, when
+no flat solver met the budget, or when the best flat schedule is predicted more than
+``hierarchical_above`` times slower than autodiff; all candidates are simulated and the fastest
+one within the budget is kept.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Config:
     bottom: list[str] = field(default_factory=lambda: ["hilp", "twremat"])
     top: list[str] = field(default_factory=lambda: ["rk-rotor"])
     flat_max_nodes: int = 250
+    hierarchical_above: float = 1.3  # also try blocks when the best flat schedule is this slow
     solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_options: int = 8           # N_o: options kept per block for the top level
     menu_peaks: int = 4          # menu budget grid: peaks ...

@@ -608,7 +608,9 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
                 mins[f"flat:{name}"] = low
             if err:
                 errors[f"flat:{name}"] = err
-    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not candidates)
+    slow_flat = bool(candidates) and ad.time > 0 and \
+        min(c.sim.time for c in candidates) > cfg.hierarchical_above * ad.time
+    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not candidates or slow_flat)
     if hier_used:
         blocks, tail = make_blocks(graph, hierarchy)
         t0 = time.perf_counter()
