@@ -77,6 +77,9 @@ class RematModule(torch.nn.Module):
         self._tangent_for_output: list[int] = meta.get("tangent_for_output", [])
         self._out_values: list[Any] = meta.get("output_values", [])
         self._grad_values: list[Any] = meta.get("grad_values", [])
+        self._param_slots = self._slots(self._param_names, "param")
+        self._frozen_slots = self._slots(self._frozen_names, "param")
+        self._buffer_slots = self._slots(self._buffer_names, "buffer")
         self._checker = InputChecker(graph)
         self._out_spec: Any = None
         self._programs: dict[torch.device, tuple[Program, Program]] = {}
@@ -117,9 +120,25 @@ class RematModule(torch.nn.Module):
         return fwd.source, bwd.source
 
     # -- sources ---------------------------------------------------------------------------
-    def _lookup(self, names: list[str], kind: str) -> list[torch.Tensor]:
-        get = self.model.get_parameter if kind == "param" else self.model.get_buffer
-        return [get(n) for n in names]
+    def _slots(self, names: list[str], kind: str) -> list[tuple[dict, str]]:
+        """``(owner's _parameters or _buffers dict, attribute)`` of each name: a call reads
+        each tensor with one dict lookup (``get_parameter`` walks the module path, which
+        costs more than some ops), and still sees a parameter replaced after construction."""
+        slots = []
+        for name in names:
+            prefix, _, attr = name.rpartition(".")
+            owner = self.model.get_submodule(prefix)
+            table = owner._parameters if kind == "param" else owner._buffers
+            if table.get(attr) is None:
+                raise HiremateError(
+                    f"the model has no {'parameter' if kind == 'param' else 'buffer'} {name!r} "
+                    "that the graph names; build the graph from this model"
+                )
+            slots.append((table, attr))
+        return slots
+
+    def _lookup(self, slots: list[tuple[dict, str]]) -> list[torch.Tensor]:
+        return [table[attr] for table, attr in slots]
 
     def _get_programs(self, device: torch.device) -> tuple[Program, Program]:
         progs = self._programs.get(device)
@@ -152,9 +171,9 @@ class RematModule(torch.nn.Module):
             return other(*args, **kwargs)
         if self._out_spec is None:
             self._out_spec = derive_output_spec(self.model, args, kwargs, len(self._out_values))
-        params = self._lookup(self._param_names, "param")
-        frozen = self._lookup(self._frozen_names, "param")
-        buffers = self._lookup(self._buffer_names, "buffer")
+        params = self._lookup(self._param_slots)
+        frozen = self._lookup(self._frozen_slots)
+        buffers = self._lookup(self._buffer_slots)
         device = params[0].device if params else (inputs[0].device if inputs else
                                                    torch.device("cpu"))
         for i, t in enumerate(inputs):

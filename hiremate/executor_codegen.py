@@ -176,6 +176,9 @@ class _Emitter:
         if isinstance(value, float) and math.isfinite(value):
             return repr(float(value))
         if isinstance(value, list):
+            if not any(isinstance(v, (Ref, list, tuple, dict)) for v in value):
+                # a list of plain numbers: a tuple literal is built once, at compile time
+                return self.expr(tuple(value), node)
             return "[" + ", ".join(self.expr(v, node) for v in value) + "]"
         if isinstance(value, tuple):
             return "(" + "".join(self.expr(v, node) + ", " for v in value) + ")"

@@ -83,8 +83,9 @@ def test_input_without_grad_and_output_without_grad() -> None:
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
 
 
-def test_model_output_of_transformers() -> None:
-    remat, ref, sample = _pair("small_gpt2", "keep-third")
+@pytest.mark.parametrize("name", ["gpt2", pytest.param("small_gpt2", marks=pytest.mark.slow)])
+def test_model_output_of_transformers(name: str) -> None:
+    remat, ref, sample = _pair(name, "keep-third")
     out = remat(**sample)
     assert type(out).__name__ == "CausalLMOutputWithCrossAttentions"
     assert out.logits.shape == ref(**sample).logits.shape
@@ -155,7 +156,7 @@ def test_shape_and_dtype_mismatch_raise() -> None:
         remat(x.float())
     with pytest.raises(InputMismatchError, match="unexpected tensor input"):
         remat(x, x)
-    gpt, _, gs = _pair("small_gpt2", "autodiff")
+    gpt, _, gs = _pair("gpt2", "autodiff")
     with pytest.raises(InputMismatchError, match="missing tensor input.*input_ids"):
         gpt(gs["input_ids"])  # positional instead of keyword
     with pytest.raises(InputMismatchError, match="requires grad"):

@@ -12,7 +12,8 @@ from test_executor_util import get_model, graph_of, schedules_of, split
 MIB = 2 ** 20
 
 
-@pytest.mark.parametrize("name", ["mlp", "gpt2", "resnet", "small_gpt2", "convbn", "dictout"])
+@pytest.mark.parametrize("name", ["mlp", "gpt2", "resnet", "convbn", "dictout",
+                                  pytest.param("small_gpt2", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("schedule", ["autodiff", "keep-none", "keep-half", "keep-third"])
 def test_measured_peak_within_prediction(name: str, schedule: str) -> None:
     graph = graph_of(name)
