@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from hiremate.errors import HiremateError, InputMismatchError, InvalidScheduleError
-from hiremate.executor_codegen import Program, SourceMap, generate, generate_inference, output_names, split_schedule
+from hiremate.executor_codegen import Program, generate, generate_inference, split_schedule
 from hiremate.executor_io import InputChecker, derive_output_spec
 from hiremate.executor_rng import CallState
 from hiremate.graph import Graph
@@ -68,7 +68,6 @@ class RematModule(torch.nn.Module):
         self._schedule = _complete(graph, tuple(schedule))
         self._predicted = simulate(graph, self._schedule).raise_if_invalid()
         _check_random_order(graph, self._schedule)
-        self._sources = SourceMap(graph)
         meta = graph.meta
         self._param_names: list[str] = meta.get("param_names", [])
         self._frozen_names: list[str] = meta.get("frozen_names", [])
@@ -76,7 +75,6 @@ class RematModule(torch.nn.Module):
         self._input_rg: list[bool] = meta.get("input_requires_grad", [])
         self._tangent_for_output: list[int] = meta.get("tangent_for_output", [])
         self._out_values: list[Any] = meta.get("output_values", [])
-        self._grad_values: list[Any] = meta.get("grad_values", [])
         self._param_slots = self._slots(self._param_names, "param")
         self._frozen_slots = self._slots(self._frozen_names, "param")
         self._buffer_slots = self._slots(self._buffer_names, "buffer")
@@ -92,11 +90,9 @@ class RematModule(torch.nn.Module):
             if isinstance(o, str):
                 tensor_pos[i] = len(tensor_pos)
         self._tangent_pos = [tensor_pos[i] for i in self._tangent_for_output]
-        self._n_tensor_out = len(tensor_pos)
         self._consts = {i: decode_arg(o["const"], {}) for i, o in enumerate(self._out_values)
                         if not isinstance(o, str)}
         self._n_params = len(self._param_names)
-        self._n_input_grads = sum(self._input_rg)
         if sample is not None:
             args, kwargs = _normalise(sample)
             self._out_spec = derive_output_spec(model, args, kwargs, len(self._out_values))
@@ -197,7 +193,7 @@ class RematModule(torch.nn.Module):
             outs = _RematFunction.apply(run, len(inputs), *inputs, *params)
         else:
             prog = self._get_inference(device)
-            call = CallState(device.index or 0 if device.type == "cuda" else None)
+            call = CallState(_cuda_index(device))
             outs, _ = prog.fn(call, None, inputs, params, frozen, buffers, ())
         return self._rebuild(outs)
 
@@ -207,6 +203,12 @@ class RematModule(torch.nn.Module):
         for i, o in enumerate(self._out_values):
             flat.append(next(it) if isinstance(o, str) else self._consts[i])
         return pytree.tree_unflatten(flat, self._out_spec)
+
+    def __getstate__(self) -> dict:
+        # generated functions do not pickle; they are made again on the first call
+        state = self.__dict__.copy()
+        state["_programs"], state["_inference"] = {}, {}
+        return state
 
     def extra_repr(self) -> str:
         return (f"graph={self._graph!r}, steps={len(self._schedule)}, "
@@ -233,10 +235,14 @@ class _RematFunction(torch.autograd.Function):
         module = run.module
         inputs, params = list(tensors[:n_inputs]), list(tensors[n_inputs:])
         fwd, _ = module._get_programs(run.device)
-        call = CallState(run.device.index or 0 if run.device.type == "cuda" else None)
+        call = CallState(_cuda_index(run.device))
         outs, saved = fwd.fn(call, None, inputs, params, run.frozen, run.buffers, ())
         ctx.run = run
         ctx.state = (call, [saved], inputs, params)
+        # tensors the caller can write in place before backward: inputs, parameters, and
+        # outputs that the backward reads (as eager autograd, such a write is an error)
+        watched = inputs + params + [o for o in outs if any(o is t for t in saved)]
+        ctx.versions = (watched, [t._version for t in watched])
         ctx.set_materialize_grads(False)
         ctx.out_meta = [(o.shape, o.dtype, o.stride()) for o in outs]
         # the caller gets aliases, so that no returned tensor is referenced by the context
@@ -265,6 +271,16 @@ class _RematFunction(torch.autograd.Function):
             )
         ctx.state = None
         call, box, inputs, params = state
+        watched, versions = ctx.versions
+        ctx.versions = None
+        for t, v in zip(watched, versions):
+            if t._version != v:
+                raise RuntimeError(
+                    f"a tensor of shape {tuple(t.shape)} that the backward of a RematModule "
+                    f"call needs (an input, a parameter or an output) was modified in place "
+                    f"after the call (version {t._version} instead of {v}); call the module "
+                    "again after the modification, or modify a copy"
+                )
         run = ctx.run
         module = run.module
         _, bwd = module._get_programs(run.device)
@@ -304,6 +320,13 @@ def _tangents(positions: list[int], out_meta: list, grad_outputs: tuple,
             g = dense
         tangents.append(g)
     return tangents
+
+
+def _cuda_index(device: torch.device) -> int | None:
+    """Index of the CUDA generator to save and replay (None on other devices)."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _normalise(sample: Any) -> tuple[tuple, dict]:
@@ -362,4 +385,4 @@ def _check_random_order(graph: Graph, schedule: Schedule) -> None:
         )
 
 
-__all__ = ["BackwardTwiceError", "DoubleBackwardError", "RematModule", "output_names"]
+__all__ = ["BackwardTwiceError", "DoubleBackwardError", "RematModule"]

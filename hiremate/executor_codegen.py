@@ -215,7 +215,8 @@ class _Emitter:
         self.lines.append(f"    # node {node.id}{'' if first else ' (recomputed)'}")
         rng = self.rng_index.get(node.id)
         if rng is not None:
-            self.lines.append(f"    _rng_save(C, {rng})" if first else f"    _tok = _rng_replay(C, {rng})")
+            self.lines.append(f"    _rng_save(C, {rng})" if first
+                              else f"    _tok = _rng_replay(C, {rng})")
         for i, op in enumerate(node.ops):
             self.lines.append("    " + self.op_line(op, node, recompute=not first))
             local.add(op.out)

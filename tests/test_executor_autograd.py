@@ -150,7 +150,8 @@ def test_backward_twice_raises() -> None:
 def test_shape_and_dtype_mismatch_raise() -> None:
     remat, _, sample = _pair("mlp", "autodiff")
     (x,) = split(sample)[0]
-    with pytest.raises(InputMismatchError, match=r"\[0\]\[0\].*shape \(3, 32\) instead of \(8, 32\)"):
+    with pytest.raises(InputMismatchError,
+                       match=r"\[0\]\[0\].*shape \(3, 32\) instead of \(8, 32\)"):
         remat(x[:3])
     with pytest.raises(InputMismatchError, match="dtype float32 instead of float64"):
         remat(x.float())
@@ -186,3 +187,28 @@ def test_sample_given_at_construction() -> None:
     remat = RematModule(model, graph, hiremate.autodiff_schedule(graph), sample=sample)
     out = remat(**fresh_sample(sample))
     assert pytree.tree_structure(out) == pytree.tree_structure(model(**sample))
+
+
+def test_pickles_and_deep_copies() -> None:
+    import io
+
+    remat, _, sample = _pair("mlp")
+    (x,) = split(sample)[0]
+    expected = remat(x)
+    buf = io.BytesIO()
+    torch.save(remat, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    torch.testing.assert_close(loaded(x), expected, rtol=0, atol=0)
+    torch.testing.assert_close(copy.deepcopy(remat)(x), expected, rtol=0, atol=0)
+
+
+def test_in_place_change_before_backward_raises_as_eager() -> None:
+    remat, ref, sample = _pair("mlp")
+    (x,) = split(sample)[0]
+    for m, params in ((remat, list(remat.parameters())), (ref, list(ref.parameters()))):
+        loss = m(x).sum()
+        with torch.no_grad():
+            params[-2].add_(1.0)  # the last weight (eager saves it), e.g. an optimizer step
+        with pytest.raises(RuntimeError, match="modified"):
+            loss.backward()
