@@ -94,6 +94,7 @@ class _Emitter:
         self.sources = sources
         self.ns = namespace
         self.device = device
+        self.captured = torch.device(graph.meta.get("device", "cpu"))
         self.phase = phase
         self.lines: list[str] = []
         self.prologue: list[str] = []
@@ -184,8 +185,8 @@ class _Emitter:
             return "(" + "".join(self.expr(v, node) + ", " for v in value) + ")"
         if isinstance(value, dict) and "torch" in value:
             decoded = decode_arg(value, {})
-            if isinstance(decoded, torch.device) and decoded.type != self.device.type:
-                decoded = self.device  # the graph was captured on another device
+            if isinstance(decoded, torch.device) and _same_device(decoded, self.captured):
+                decoded = self.device  # the capture device stands for the device in use
             return self.const(decoded)
         return self.const(value)
 
@@ -279,6 +280,10 @@ class _Emitter:
         env = dict(self.ns)
         exec(code, env)  # noqa: S102 - text built only from generated identifiers
         return Program(env[name], src)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
 
 
 _PUBLIC_MODULES = (torch._C._VariableFunctions, torch._C._nn, torch._C._linalg, torch._C._fft,

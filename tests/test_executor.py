@@ -134,3 +134,20 @@ def test_skipped_buffer_update_is_added_back() -> None:
     remat(*sample).sum().backward()
     counts = [b.item() for n, b in model.named_buffers() if n.endswith("num_batches_tracked")]
     assert counts == [1, 1]
+
+
+def test_capture_device_is_replaced_by_the_device_in_use() -> None:
+    """Device constants of the graph name the capture device; the code uses the device of
+    the parameters at call time (here a graph that claims capture on cuda:1, run on CPU)."""
+    from hiremate.graph import Graph
+
+    graph = graph_of("gpt2")
+    payload = graph.to_dict()
+    text = __import__("json").dumps(payload).replace('"value": "cpu"', '"value": "cuda:1"')
+    moved = Graph.from_dict(__import__("json").loads(text.replace(
+        '"device": "cpu"', '"device": "cuda:1"')))
+    assert "cuda:1" in moved.dumps()
+    fwd, _ = generate(moved, hiremate.autodiff_schedule(moved), torch.device("cpu"))
+    consts = [v for k, v in fwd.fn.__globals__.items() if k.startswith("k")]
+    devices = [c for c in consts if isinstance(c, torch.device)]
+    assert devices and all(d == torch.device("cpu") for d in devices)
