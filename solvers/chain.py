@@ -360,6 +360,12 @@ def graph_chain(graph) -> tuple[GraphChain | None, str]:
             return None, f"backward node {b.name!r} reads values outside its stage"
         grad[k - 1] = tuple(counted(b.outputs))
     partner_ids = {b.id for b in bwd_of}
+    # a stage's gradients must flow into the previous stage only (a gradient of a user input
+    # made mid-chain, e.g. by a skip from the input, would be freed before the tail reads it)
+    for k in range(1, n):
+        for g in grad[k]:
+            if not set(graph.users(g)) <= {bwd_of[k - 1].id}:
+                return None, f"gradient {data[g].name!r} is read outside the previous stage"
     tail = [nd for nd in nodes if nd.is_bwd and nd.id not in partner_ids]
     if n + 1 + n + len(tail) != len(nodes):
         return None, "the graph has nodes outside the chain"

@@ -291,13 +291,13 @@ class HilpSolver:
         log.info("%s/%s on %d nodes, budget %s: %s, objective %.6g in %.2fs (+%.2fs build)",
                  self.name, cfg.backend, len(graph.nodes), fmt_bytes(budget), res.status,
                  res.objective, res.solve_time, model.build_time)
-        if res.status == "infeasible":
+        if res.status == "infeasible" and hint_phases is None:
             raise InfeasibleBudgetError(
                 f"{self.name}: no schedule of {len(graph.nodes)} nodes fits in "
                 f"{fmt_bytes(budget)}" + (f" with at most {fmt_bytes(save_budget)} kept "
                                           "before the loss" if save_budget is not None else "")
                 + "; raise the budget", min_budget=None)
-        if not res.has_solution:
+        if not res.has_solution:  # time out, or infeasible within MEM_MARGIN: the warm start
             if hint_phases is None:
                 raise SolverError(
                     f"{self.name}/{cfg.backend} found no schedule within {cfg.time_limit:g}s "
@@ -307,6 +307,14 @@ class HilpSolver:
             phases, status = phases_from_solution(model, res.x), res.status
         schedule = phases_to_schedule(graph, phases)
         sim = simulate(graph, schedule)
+        if (not sim.valid or sim.peak > budget) and status != "hint" and hint_phases is not None:
+            # sizes spanning many orders of magnitude (a 1-byte tensor beside a 1 TiB one) fall
+            # below the backend's coefficient tolerance: keep the warm start, which was checked
+            log.warning("%s: the MILP solution does not fit the simulator (%s); using the warm "
+                        "start", self.name, sim.error or fmt_bytes(sim.peak) + " > budget")
+            phases, status = hint_phases, "hint"
+            schedule = phases_to_schedule(graph, phases)
+            sim = simulate(graph, schedule)
         if not sim.valid or sim.peak > budget:
             raise SolverError(
                 f"{self.name}: the extracted schedule disagrees with the simulator "

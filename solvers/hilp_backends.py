@@ -134,6 +134,9 @@ def _solve_highs(milp, time_limit, mip_gap, hint, threads, relax) -> MilpResult:
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
+    # below hilp_model.MEM_MARGIN (1e-6 of the unit), as the memory rows assume; HiGHS's
+    # default (1e-6) let a schedule a byte over a 1 TiB budget through
+    h.setOptionValue("mip_feasibility_tolerance", 1e-7)
     h.setOptionValue("threads", int(threads))
     h.passModel(lp)
     if hint is not None and not relax:

@@ -261,7 +261,7 @@ def solve_blocks(bc: BlockChain, budget: float, slots: int = DEFAULT_SLOTS) -> B
     model = bc.stage_model()
     avail = budget - bc.x[0]
     exact_min, min_ops = min_memory(model)
-    if avail < exact_min - 1e-12 * max(1.0, abs(exact_min)):
+    if avail < exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
         raise ValueError(f"budget {budget} is below the minimum {bc.x[0] + exact_min}")
     scaled, S = _discretise(model, avail, slots)
     table = PersistentTable(scaled, S)

@@ -93,7 +93,9 @@ class StageModel:
 
     def scaled(self, slot: float) -> "StageModel":
         """Sizes in slots, rounded up (times unchanged)."""
-        up = lambda a: np.ceil(np.asarray(a, dtype=float) / slot - _EPS).clip(min=0)  # noqa
+        # the tolerance for float error is relative: an absolute one would round a byte-sized
+        # value to 0 slots when a slot holds more than 1e9 bytes (2**40-byte tensors)
+        up = lambda a: np.ceil(np.asarray(a, dtype=float) / slot * (1 - _EPS)).clip(min=0)  # noqa
         return StageModel(
             x=up(self.x), delta=up(self.delta), fe_time=self.fe_time, fe_mem=up(self.fe_mem),
             ft=self.ft, bt=self.bt, keep=tuple(up(a) for a in self.keep),
@@ -383,7 +385,8 @@ def solve_persistent(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) ->
     model = StageModel.from_chain(chain)
     avail = budget - chain.x[0]
     exact_min, min_ops = min_memory(model)
-    if avail < exact_min - 1e-12 * max(1.0, abs(exact_min)):
+    # relative float tolerance, capped below a byte: 2**40-byte sizes must not let a byte slip
+    if avail < exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
         raise ValueError(f"budget {budget} is below the persistent minimum "
                          f"{chain.x[0] + exact_min}")
     store = store_all_ops(chain)
@@ -558,7 +561,7 @@ def solve_weak(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) -> Chain
         if np.isfinite(table.get(1, 1, chain.n)[S]):
             return solution(chain, _to_chain_ops(table.sequence()), budget)
     exact_min, min_ops = min_memory(model)
-    if avail >= exact_min - 1e-12 * max(1.0, abs(exact_min)):
+    if avail >= exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
         return solution(chain, _to_chain_ops(min_ops), budget)
     raise ValueError(f"budget {budget} is below the minimum {chain.x[0] + exact_min}")
 

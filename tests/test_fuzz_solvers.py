@@ -1,0 +1,248 @@
+"""Fuzzing every registered solver on hostile CD-graphs (multi-output ops, shared values, several
+outputs, soft dependencies, inputs without gradient, zero-byte and 2**40-byte tensors) at random
+budgets, at every level the solver allows:
+
+- ``flat``: ``schedule(graph, budget)`` returns a schedule that :func:`hiremate.simulate` accepts
+  within the budget, or raises :class:`InfeasibleBudgetError` (whose ``min_budget``, when given,
+  is above the budget); a general solver never refuses a budget the store-everything schedule
+  meets, a chain solver never refuses one above its own ``min_budget``;
+- ``bottom``: every option of ``menu(graph, budgets)`` rebuilds (forward part, loss, backward
+  part) into a valid schedule whose peak and times are the ones the option claims;
+- ``top`` (composers): the whole solve with that composer over bottom menus gives a valid
+  schedule within the budget, or InfeasibleBudgetError.
+
+The CI part runs a fixed, derandomised set of examples per solver (HIREMATE_FUZZ_EXAMPLES, 50 by
+default) on graphs of at most 6 ops; the slow part (``pytest -m slow``) runs 1,000 random ones
+per solver on graphs of up to 12 ops.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hiremate
+from hiremate.config import load_config
+from hiremate.errors import InfeasibleBudgetError
+from hiremate.fuzzgraphs import HUGE, FuzzOp, FuzzSpec, graph_from_spec
+from hiremate.hierarchical import menu_budgets
+from hiremate.registry import make_solver, solver_class, solver_names
+from hiremate.schedule import Compute
+from hiremate.solvers.hilp import memory_floor
+from hiremate.solvers.hilp_menu import option_from_schedule
+
+CI_EXAMPLES = int(os.environ.get("HIREMATE_FUZZ_EXAMPLES", "50"))
+SLOW_EXAMPLES = int(os.environ.get("HIREMATE_FUZZ_SLOW_EXAMPLES", "1000"))
+
+#: short limits so that the CI part stays fast; the protocol is what is under test
+PARAMS = {
+    "hilp": {"time_limit": 0.5}, "checkmate": {"time_limit": 0.5},
+    "fastsa": {"iters_grouped": 2000, "iters_fine": 1000, "time_limit": 0.3},
+    "rotor": {"slots": 100}, "rotor-persistent": {"slots": 100}, "rk-rotor": {"slots": 100},
+}
+#: solvers for which the store-everything schedule is one of the answers they can give
+GENERAL = {"hilp", "checkmate", "twremat", "autodiff", "fastsa"}
+
+
+def is_composer(name: str) -> bool:
+    return bool(getattr(solver_class(name), "composer", False))
+
+
+FLAT = [n for n in solver_names() if hasattr(solver_class(n), "schedule")]
+BOTTOM = [n for n in solver_names() if hasattr(solver_class(n), "menu")]
+TOP = [n for n in solver_names() if is_composer(n)]
+CHAIN_ONLY = {n for n in FLAT if n not in GENERAL}
+
+
+def test_every_registered_solver_is_fuzzed_at_some_level():
+    """A new solver must not slip past the fuzzer: each one offers a level we drive."""
+    for name in solver_names():
+        assert name in FLAT or name in BOTTOM or name in TOP, name
+    assert {"hilp", "twremat", "fastsa", "rotor", "autodiff"} <= set(FLAT)
+    assert "rk-rotor" in TOP
+
+
+# -- strategies -----------------------------------------------------------------------------------
+sizes = st.one_of(st.just(0), st.just(HUGE), st.integers(1, 1000), st.integers(1, 1000))
+
+
+@st.composite
+def specs(draw, max_ops: int = 6, chain: bool = False) -> FuzzSpec:
+    """A forward DAG drawn field by field (so hypothesis shrinks it to a small culprit)."""
+    n_in = 1 if chain else draw(st.integers(1, 3))
+    input_sizes = [draw(sizes) for _ in range(n_in)]
+    input_grad = [draw(st.booleans()) for _ in range(n_in)]
+    values = [(-1 - k, 0) for k in range(n_in)]
+    ops = []
+    for i in range(draw(st.integers(1, max_ops))):
+        n_out = 1 if chain else draw(st.integers(1, 3))
+        if chain:
+            inputs = [(i - 1, 0) if i else (-1, 0)]
+        else:
+            inputs = draw(st.lists(st.sampled_from(values), min_size=1, max_size=3, unique=True))
+        soft = draw(st.lists(st.sampled_from(values), max_size=2, unique=True))
+        ops.append(FuzzOp(
+            inputs=inputs, sizes=[draw(sizes) for _ in range(n_out)],
+            time=draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])),
+            bwd_time=draw(st.sampled_from([0.0, 1.0, 2.0, 7.0])),
+            has_param=True if chain else draw(st.booleans()),
+            saves_inputs=draw(st.booleans()),
+            saved_outputs=[m for m in range(n_out) if draw(st.booleans())],
+            overhead=draw(st.one_of(st.just(0), sizes)),
+            bwd_overhead=draw(st.one_of(st.just(0), sizes)),
+            soft_inputs=[v for v in soft if v not in inputs],
+        ))
+        values += [(i, m) for m in range(n_out)]
+    read = {v for op in ops for v in op.inputs}
+    last = [(i, m) for i, op in enumerate(ops) for m in range(len(op.sizes)) if (i, m) not in read]
+    outputs = [(len(ops) - 1, 0)] if chain else last + draw(
+        st.lists(st.sampled_from([v for v in values if v[0] >= 0]), max_size=2, unique=True))
+    return FuzzSpec(input_sizes, input_grad, ops, list(dict.fromkeys(outputs)))
+
+
+@st.composite
+def graphs_and_budgets(draw, max_ops: int = 6, chain_bias: bool = False):
+    chain = draw(st.booleans()) if chain_bias else False
+    g = graph_from_spec(draw(specs(max_ops, chain)))
+    peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
+    floor = memory_floor(g)
+    budget = draw(st.one_of(
+        st.sampled_from([0, 1, floor, max(floor - 1, 0), peak, peak - 1, peak + 1, 10 * HUGE]),
+        st.integers(floor, max(floor, peak)),
+        st.floats(0.0, 1.3).map(lambda f: int(f * peak)),
+    ))
+    return g, max(int(budget), 0)
+
+
+# -- checks ---------------------------------------------------------------------------------------
+def check_flat(name: str, g, budget: int) -> str:
+    solver = make_solver(name, PARAMS.get(name, {}))
+    if not solver.applicable(g):
+        return "not applicable"
+    ad_peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
+    try:
+        sched = solver.schedule(g, budget)
+    except InfeasibleBudgetError as exc:
+        if exc.min_budget is not None:
+            assert exc.min_budget > budget, f"{name} claims {exc.min_budget} is needed: {exc}"
+        if name in GENERAL:
+            assert budget < ad_peak, f"{name} refused {budget} >= store-all peak {ad_peak}: {exc}"
+        elif hasattr(solver, "min_budget"):
+            assert budget < solver.min_budget(g), f"{name} refused its own min budget: {exc}"
+        return "infeasible"
+    sim = hiremate.simulate(g, tuple(sched))
+    assert sim.valid, f"{name}: {sim.error}"
+    assert sim.peak <= budget, f"{name}: peak {sim.peak} > budget {budget}"
+    assert sim.peak >= memory_floor(g)  # the simulator's lower bound holds for any schedule
+    return "ok"
+
+
+def check_menu(name: str, g, extra: list[int]) -> int:
+    solver = make_solver(name, PARAMS.get(name, {}))
+    if not solver.applicable(g):
+        return 0
+    budgets = menu_budgets(solver, g, 3, 2)
+    if not getattr(solver, "menu_pairs", False):
+        budgets = sorted(set(budgets) | set(extra))
+    options = solver.menu(g, budgets)
+    top = max((b if isinstance(b, int) else b[0] for b in budgets), default=0)
+    allowed = top
+    if hasattr(solver, "min_budget"):
+        allowed = max(top, solver.min_budget(g))  # chain menus fall back to their minimum
+    for opt in options:
+        sched = tuple(opt.fwd) + (Compute(g.loss),) + tuple(opt.bwd)
+        sim = hiremate.simulate(g, sched)
+        assert sim.valid, f"{name} menu option: {sim.error}"
+        assert sim.peak <= allowed, f"{name} option peaks at {sim.peak} > {allowed}"
+        again = option_from_schedule(g, sched)
+        assert (opt.fwd_peak, opt.bwd_peak, opt.phantom) == (
+            again.fwd_peak, again.bwd_peak, again.phantom), name
+        assert opt.time == pytest.approx(sim.time - g.nodes[g.loss].time), name
+    return len(options)
+
+
+def check_top(name: str, g, budget: int) -> str:
+    from hiremate.api import solve_graph
+
+    cfg = load_config("hiremate", flat=[], bottom=["hilp", "twremat"], top=[name],
+                      flat_max_nodes=0, progress=False, n_jobs=1, cache=False, calibrate=0,
+                      solver_params={k: v for k, v in PARAMS.items() if k in ("hilp", name)})
+    try:
+        result = solve_graph(g, max(budget, 1), cfg)
+    except InfeasibleBudgetError as exc:
+        assert exc.min_budget is None or exc.min_budget > max(budget, 1), str(exc)
+        return "infeasible"
+    sim = hiremate.simulate(g, result.schedule)
+    assert sim.valid, f"{name}: {sim.error}"
+    assert sim.peak <= max(budget, 1)
+    return "ok"
+
+
+FUZZ = dict(deadline=None, suppress_health_check=list(HealthCheck))
+
+
+# -- CI: fixed examples ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", FLAT)
+@settings(max_examples=CI_EXAMPLES, derandomize=True, **FUZZ)
+@given(case=graphs_and_budgets(max_ops=6, chain_bias=True))
+def test_fuzz_flat_schedule(name, case):
+    check_flat(name, *case)
+
+
+@pytest.mark.parametrize("name", BOTTOM)
+@settings(max_examples=CI_EXAMPLES // 2, derandomize=True, **FUZZ)
+@given(case=graphs_and_budgets(max_ops=5, chain_bias=True))
+def test_fuzz_bottom_menu(name, case):
+    g, budget = case
+    check_menu(name, g, [budget])
+
+
+@pytest.mark.parametrize("name", TOP)
+@settings(max_examples=CI_EXAMPLES // 2, derandomize=True, **FUZZ)
+@given(case=graphs_and_budgets(max_ops=6))
+def test_fuzz_top_compose(name, case):
+    check_top(name, *case)
+
+
+def test_huge_and_empty_tensors_on_a_chain():
+    """Edge sizes by hand: a chain mixing 0-byte and 2**40-byte activations. Every flat solver
+    meets the store-all peak (a general solver exactly; a chain one at its own minimum)."""
+    spec = FuzzSpec([HUGE], [False], [
+        FuzzOp([(-1, 0)], [HUGE]), FuzzOp([(0, 0)], [0]), FuzzOp([(1, 0)], [HUGE], overhead=HUGE),
+        FuzzOp([(2, 0)], [7], saved_outputs=[0]),
+    ], [(3, 0)])
+    g = graph_from_spec(spec)
+    peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
+    assert peak >= 2 * HUGE
+    outcomes = {name: check_flat(name, g, peak) for name in FLAT}
+    assert all(outcomes[n] == "ok" for n in GENERAL), outcomes
+    assert outcomes["rotor"] in ("ok", "infeasible")
+
+
+# -- slow: many random examples -------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FLAT)
+@settings(max_examples=SLOW_EXAMPLES, **FUZZ)
+@given(case=graphs_and_budgets(max_ops=12, chain_bias=True))
+def test_fuzz_flat_schedule_slow(name, case):
+    check_flat(name, *case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BOTTOM)
+@settings(max_examples=SLOW_EXAMPLES, **FUZZ)
+@given(case=graphs_and_budgets(max_ops=10, chain_bias=True))
+def test_fuzz_bottom_menu_slow(name, case):
+    g, budget = case
+    check_menu(name, g, [budget])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TOP)
+@settings(max_examples=SLOW_EXAMPLES, **FUZZ)
+@given(case=graphs_and_budgets(max_ops=12))
+def test_fuzz_top_compose_slow(name, case):
+    check_top(name, *case)
