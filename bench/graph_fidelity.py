@@ -49,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*", default=zoo.names())
     parser.add_argument("--json", default=None, help="write the rows as JSON here")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table at the end")
     args = parser.parse_args()
     rows = []
     for name in args.names:
@@ -58,6 +59,22 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
+    if args.markdown:
+        print(markdown(rows))
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| model | joint ops | fwd ops | fwd nodes | compute nodes | data nodes | build s "
+            "| simulated peak | measured peak | ratio | sum of node times ms | measured ms | ratio |")
+    lines = [head, "|" + "---|" * 13]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['joint_ops']} | {r['fwd_ops']} | {r['fwd_nodes']} | "
+            f"{r['compute_nodes']} | {r['data_nodes']} | {r['build_s']} | {r['sim_peak']:,} | "
+            f"{r['measured_peak']:,} | {r['peak_ratio']} | {r['sum_node_time'] * 1e3:.2f} | "
+            f"{r['measured_time'] * 1e3:.2f} | {r['time_ratio']} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
