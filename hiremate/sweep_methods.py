@@ -73,6 +73,14 @@ class CheckpointedBlock(nn.Module):
 
         return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        """The block's own attributes show through (``nn.TransformerEncoder`` reads
+        ``layers[0].self_attn``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("inner"), name)
+
 
 def _n_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())

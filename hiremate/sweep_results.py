@@ -213,7 +213,8 @@ def comparison_markdown(records: list[dict[str, Any]], hiremate_methods: list[st
             for row in equal_peak_rows(recs, m, against):
                 other = row["other"]
                 other_t = "none reaches it" if other is None else f"{other['time_rel']:.2f}"
-                faster = "yes" if other is None or row["time_rel"] <= other["time_rel"] else "no"
+                faster = ("n/a" if other is None
+                          else "yes" if row["time_rel"] <= other["time_rel"] else "no")
                 lines.append(f"| {m} | {row['budget']} | {fmt_bytes(row['peak'])} | "
                              f"{row['time_rel']:.2f} | {other_t} | {faster} |")
         lines += ["", "Lowest measured peak reached:", ""]

@@ -58,6 +58,15 @@ def test_checkpointed_model_has_eager_gradients(name, kwargs):
         torch.testing.assert_close(g[n], grad, rtol=1e-12, atol=1e-12)
 
 
+def test_checkpointed_transformer_runs_in_float32():
+    """nn.TransformerEncoder reads attributes of its first layer: the wrapper shows them."""
+    model, sample = zoo.get("transformer", layers=2, width=16)
+    wrap_blocks(model)
+    assert model.encoder.layers[0].self_attn is model.encoder.layers[0].inner.self_attn
+    loss, grads = _grads(model, sample)
+    assert torch.isfinite(loss) and grads
+
+
 def test_wrapping_twice_wraps_nothing_new():
     model, _ = zoo.get("gpt2", layers=2, width=32)
     assert len(wrap_blocks(model)) == 2
