@@ -90,7 +90,26 @@ class Config:
             raise ConfigError(f"calibrate must be an integer >= 0, got {self.calibrate!r}")
         if not isinstance(self.n_jobs, int) or self.n_jobs == 0:
             raise ConfigError(f"n_jobs must be a non-zero integer (-1: all cores), got {self.n_jobs!r}")
+        self._check_types()
         return self
+
+    def _check_types(self) -> None:
+        """The remaining fields' types, so that a YAML typo fails here and not mid-solve."""
+        expect = {"name": str, "description": str, "backend": str, "cache": bool,
+                  "progress": bool, "partitioner_params": dict, "solver_params": dict}
+        for key, typ in expect.items():
+            if hasattr(self, key) and not isinstance(getattr(self, key), typ):
+                raise ConfigError(f"{key} must be a {typ.__name__}, got {getattr(self, key)!r}")
+        for key, typ in (("flat_max_nodes", int), ("hierarchical_above", (int, float))):
+            v = getattr(self, key, 0)
+            if isinstance(v, bool) or not isinstance(v, typ) or not v >= 0:
+                raise ConfigError(f"{key} must be a number >= 0, got {v!r}")
+        for name, params in self.solver_params.items():
+            if not isinstance(params, dict):
+                raise ConfigError(f"solver_params[{name!r}] must be a mapping of parameters, "
+                                  f"got {params!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, Path)):
+            raise ConfigError(f"cache_dir must be a path or null, got {self.cache_dir!r}")
 
     # -- conversions --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
