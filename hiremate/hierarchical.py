@@ -479,6 +479,8 @@ def flat_candidate(name: str, params: dict, graph: Graph, budget: int
         found = exc.min_budget if low is None else low
         return None, found, str(exc)
     except (SolverError, ValueError, RuntimeError) as exc:
+        log.warning("flat solver %s failed (%s: %s); the other configured solvers are used",
+                    name, type(exc).__name__, exc)
         return None, low, f"{type(exc).__name__}: {exc}"
     sim = simulate(graph, sched)
     if not sim.valid or sim.peak > budget:

@@ -24,7 +24,7 @@ from hiremate.graph import Graph
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: entries hold their key, checked before use
 
 
 def default_cache_dir() -> Path:
@@ -60,9 +60,12 @@ class MenuCache:
         self.hits = 0
         self.misses = 0
 
+    @staticmethod
+    def key_text(key: Any) -> str:
+        return json.dumps({"v": CACHE_VERSION, "key": key}, sort_keys=True, default=str)
+
     def path(self, key: Any) -> Path:
-        text = json.dumps({"v": CACHE_VERSION, "key": key}, sort_keys=True, default=str)
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        digest = hashlib.sha256(self.key_text(key).encode()).hexdigest()
         return self.directory / digest[:2] / f"{digest}.pkl"
 
     def get(self, key: Any) -> Any | None:
@@ -74,7 +77,12 @@ class MenuCache:
             return None
         try:
             with path.open("rb") as fh:
-                value = pickle.load(fh)
+                payload = pickle.load(fh)
+            # an entry is used only for the key it was written for (a file copied or renamed
+            # into place, or written by another version, is not)
+            if not isinstance(payload, dict) or payload.get("key") != self.key_text(key):
+                raise ValueError("it was written for another key")
+            value = payload["value"]
         except Exception as exc:  # corrupted entry: warn, drop it, solve again
             warnings.warn(f"hiremate cache entry {path} is unreadable ({exc}); it is removed "
                           "and the result solved again", RuntimeWarning, stacklevel=2)
@@ -95,7 +103,8 @@ class MenuCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
             with os.fdopen(fd, "wb") as fh:
-                pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump({"key": self.key_text(key), "value": value}, fh,
+                            protocol=pickle.HIGHEST_PROTOCOL)
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("cannot write hiremate cache entry %s: %s", path, exc)

@@ -137,8 +137,12 @@ def warm_start(graph: Graph, model: HilpModel, budget: int, save_budget: int | N
     if fits(base) < math.inf:
         return base
     candidates = [recompute_phases(graph)]
-    lp = solve_milp(model.milp, "highs", time_limit=lp_time, relax=True)
-    if lp.x is not None:
+    try:
+        lp = solve_milp(model.milp, "highs", time_limit=lp_time, relax=True)
+    except SolverError as exc:  # no HiGHS for the relaxation: start from the other candidates
+        log.warning("H-ILP warm start without the LP relaxation: %s", exc)
+        lp = None
+    if lp is not None and lp.x is not None:
         T = len(graph.nodes)
         rt, rk = np.tril_indices(T)
         val = lp.x[model.r(rt, rk)]

@@ -55,7 +55,27 @@ def solve_milp(
     relax: bool = False,
     pulp_solver: str = "auto",
 ) -> MilpResult:
-    """Solve ``milp`` with ``backend``; ``relax`` drops integrality (HiGHS only: the LP bound)."""
+    """Solve ``milp`` with ``backend``; ``relax`` drops integrality (HiGHS only: the LP bound).
+
+    When the backend's package is not installed, the next backend of :data:`BACKENDS` that is
+    installed solves the model instead, with a warning (SolverError when none is)."""
+    if backend not in BACKENDS:
+        raise SolverError(f"unknown H-ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    # PuLP first among the others: CP-SAT needs a model built with an integer memory unit
+    order = [backend] if relax else [backend] + [b for b in ("pulp", "highs", "cpsat")
+                                                 if b != backend]
+    missing: list[str] = []
+    for name in order:
+        try:
+            return _solve_with(milp, name, time_limit, mip_gap, hint, threads, relax, pulp_solver)
+        except ImportError as exc:
+            missing.append(f"{name} ({exc})")
+            log.warning("H-ILP backend %r is not installed (%s); trying the next one", name, exc)
+    raise SolverError(f"no H-ILP backend is installed: {'; '.join(missing)}; install highspy "
+                      "(pip install highspy), ortools or pulp")
+
+
+def _solve_with(milp, backend, time_limit, mip_gap, hint, threads, relax, pulp_solver):
     if backend == "highs":
         args = (milp, time_limit, mip_gap, hint, threads, relax)
         if _loaded("ortools.sat.python.cp_model_helper"):
