@@ -219,15 +219,16 @@ def menu_budgets(solver: Any, graph: Graph, n_peak: int, n_save: int) -> list:
     return sorted({p for p, _ in grid})
 
 
-def solve_menu_task(graph: Graph, name: str, params: dict, n_peak: int, n_save: int
-                    ) -> tuple[list[Option], float, str]:
+def solve_menu_task(graph: Graph, name: str, cls: type, params: dict, n_peak: int,
+                    n_save: int) -> tuple[list[Option], float, str]:
     """One (block, solver) menu: options, seconds, and an error text ('' when fine). Runs in a
-    joblib worker, so it takes and returns plain picklable values."""
-    from hiremate.registry import make_solver
-
+    joblib worker, so it takes and returns picklable values; the solver's class travels with
+    the task (a worker process does not see classes registered at run time)."""
     start = time.perf_counter()
     try:
-        solver = make_solver(name, params)
+        solver = cls(**params)
+        if not getattr(solver, "name", None):
+            solver.name = name
         if not solver.applicable(graph):
             return [], time.perf_counter() - start, "not applicable"
         options = list(solver.menu(graph, menu_budgets(solver, graph, n_peak, n_save)))
@@ -532,11 +533,16 @@ def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
             else:
                 tasks.append((key, name, ckey))
     if tasks:
-        calls = (delayed(solve_menu_task)(unique[k].graph, n, cfg.solver_params.get(n, {}),
+        from hiremate.registry import make_solver, solver_class
+
+        for n in cfg.bottom:  # bad parameters fail here, once, with a ConfigError
+            make_solver(n, cfg.solver_params.get(n, {}))
+        calls = (delayed(solve_menu_task)(unique[k].graph, n, solver_class(n),
+                                          cfg.solver_params.get(n, {}),
                                           cfg.menu_peaks, cfg.menu_saves) for k, n, _ in tasks)
         if cfg.n_jobs == 1 or len(tasks) == 1:
-            outs = [solve_menu_task(unique[k].graph, n, cfg.solver_params.get(n, {}),
-                                    cfg.menu_peaks, cfg.menu_saves)
+            outs = [solve_menu_task(unique[k].graph, n, solver_class(n),
+                                    cfg.solver_params.get(n, {}), cfg.menu_peaks, cfg.menu_saves)
                     for k, n, _ in _progress(cfg, tasks, "bottom level: menus")]
         else:
             # parallel_config also knows the external backends (dask: a distributed Client)

@@ -30,9 +30,9 @@ def residual_chain(n_blocks: int, size: int = 100):
 
 @pytest.fixture
 def clean_registry(monkeypatch):
+    registry.solver_names()  # built-ins first, so that the copies hold them
     monkeypatch.setattr(registry, "_SOLVERS", dict(registry._SOLVERS))
     monkeypatch.setattr(registry, "_PARTITIONERS", dict(registry._PARTITIONERS))
-    registry.solver_names()  # built-ins in the copies
     yield
 
 
@@ -86,6 +86,13 @@ def test_decorator_registration_used_at_bottom_level(clean_registry, tmp_path):
     assert res.report["hierarchy"]["partitioner"] == "deco-halves"
     _check_used(res.report, "my-menu")
     assert MySolver.calls == 2  # the two halves differ (the first reads the input): two menus
+    # a solver registered at run time also reaches joblib worker processes
+    par = solve_graph(g, 0.6, {"name": "t", "flat": [], "bottom": ["my-menu"],
+                               "top": ["rk-rotor"], "partitioner": "deco-halves",
+                               "cache": False, "progress": False, "n_jobs": 2,
+                               "backend": "loky"})
+    assert par.schedule == res.schedule
+    _check_used(par.report, "my-menu")
 
 
 def test_entry_point_registration(clean_registry, tmp_path, monkeypatch):
