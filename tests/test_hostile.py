@@ -1,0 +1,239 @@
+"""Hostile inputs: each raises the documented exception with a message that says what to do, or
+is survived as documented (docs/errors.md has the table)."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import math
+
+import pytest
+import torch
+
+import hiremate
+from hiremate import HRockmate
+from hiremate.api import solve_graph
+from hiremate.budget import resolve_budget
+from hiremate.config import load_config
+from hiremate.errors import ConfigError, GraphCaptureError, InputMismatchError
+from hiremate.synthetic import random_graph
+
+FAST = {"progress": False, "n_jobs": 1, "cache": False, "calibrate": 0,
+        "solver_params": {"hilp": {"time_limit": 1.0}, "rk-rotor": {"slots": 100}}}
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    torch.manual_seed(0)
+    return MLP().double(), torch.randn(3, 8, dtype=torch.float64)
+
+
+# -- capture ----------------------------------------------------------------------------------------
+class DataDependent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum().item() > 0:  # Python control flow on a tensor's value
+            return self.l(x)
+        return 2 * self.l(x)
+
+
+def test_data_dependent_control_flow_names_every_capture_path(mlp):
+    _, x = mlp
+    with pytest.raises(GraphCaptureError, match="could not capture DataDependent: every capture "
+                       "path failed") as info:
+        HRockmate(DataDependent().double(), x, 1.0, **FAST)
+    assert info.value.attempts and all("data-dependent" in why or "Guard" in why
+                                       for why in info.value.attempts.values())
+
+
+class NoParams(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * x
+
+
+def test_model_without_parameters_trains_its_inputs(mlp):
+    _, x = mlp
+    x1 = x.clone().requires_grad_()
+    model = HRockmate(NoParams(), x1, 1.0, **FAST)
+    model(x1).sum().backward()
+    x2 = x.clone().requires_grad_()
+    NoParams()(x2).sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=0, atol=0)
+
+
+def test_model_without_parameters_or_input_gradients(mlp):
+    _, x = mlp
+    with pytest.raises(GraphCaptureError, match="no output of NoParams needs a gradient: nothing "
+                       "to train"):
+        HRockmate(NoParams(), x, 1.0, **FAST)
+
+
+class Detached(MLP):
+    def forward(self, x):
+        return super().forward(x).detach()
+
+
+def test_outputs_that_need_no_gradient(mlp):
+    _, x = mlp
+    with pytest.raises(GraphCaptureError, match="no output of Detached needs a gradient"):
+        HRockmate(Detached().double(), x, 1.0, **FAST)
+
+
+def test_sample_on_another_device(mlp):
+    model, x = mlp
+    with pytest.raises(ConfigError, match=r"the model and the sample live on different devices "
+                       r"\(\['cpu', 'meta'\]\); move them to one device"):
+        HRockmate(model, x.to("meta"), 1.0, **FAST)
+
+
+# -- budgets ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget, message", [
+    (0, "budget 0 bytes must be positive"),
+    (-5, "budget -5 bytes must be positive"),
+    (float("nan"), r"budget nan: a float is a fraction of the autodiff peak and must lie in \(0, 1\]"),
+    (2.5, r"must lie in \(0, 1\]"),
+    (float("inf"), r"must lie in \(0, 1\]"),
+    ("12 parsecs", "cannot read '12 parsecs' as a memory size; write a number with an optional unit"),
+    ("-1MiB", "cannot read '-1MiB' as a memory size"),
+    ("", "cannot read '' as a memory size"),
+    (True, "budget True is not a memory size"),
+    (None, "budget None is not a memory size"),
+    ([1], "budget of type list is not understood"),
+])
+def test_bad_budgets(budget, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_budget(budget, random_graph(0, 5))
+
+
+def test_bad_budget_through_hrockmate(mlp):
+    model, x = mlp
+    with pytest.raises(ConfigError, match="budget 0 bytes must be positive"):
+        HRockmate(model, x, 0, **FAST)
+    with pytest.raises(ConfigError, match="HRockmate needs a budget"):
+        HRockmate(model, x, None, **FAST)
+
+
+# -- calls --------------------------------------------------------------------------------------------
+def test_call_with_new_shapes_or_dtypes(mlp):
+    model, x = mlp
+    h = HRockmate(model, x, 1.0, **FAST)
+    with pytest.raises(InputMismatchError, match=r"has shape \(5, 8\) instead of \(3, 8\): the "
+                       "schedule was made for the sample's shapes"):
+        h(torch.randn(5, 8, dtype=torch.float64))
+    with pytest.raises(InputMismatchError, match="has dtype float32 instead of float64"):
+        h(x.float())
+
+
+# -- configuration files ------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, message", [
+    ("flat: [hilp]\nbogus_key: 3\n", "unknown configuration key\\(s\\) 'bogus_key'; valid keys:"),
+    ("n_options: eight\n", "n_options must be a positive integer, got 'eight'"),
+    ("cache: 'yes'\n", "cache must be a bool, got 'yes'"),
+    ("flat_max_nodes: many\n", "flat_max_nodes must be a number >= 0, got 'many'"),
+    ("solver_params: {hilp: 3}\n", "solver_params\\['hilp'\\] must be a mapping"),
+    ("flat: 3\n", "config 'flat' must be a list of solver names, got 3"),
+    ("flat: [gurobi-magic]\n", "unknown solver 'gurobi-magic' at level 'flat'; registered "
+                               "solvers: autodiff"),
+    ("partitioner: metis\n", "unknown partitioner 'metis'; registered:"),
+    ("- a\n- list\n", "a configuration must be a mapping, got list"),
+    ("flat: [hilp\n", "cannot read a configuration from"),
+])
+def test_bad_yaml_configs(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(path))
+
+
+def test_unknown_preset_and_bad_solver_parameters():
+    with pytest.raises(ConfigError, match="unknown preset 'hiremat' \\(and no such file\\); presets:"):
+        load_config("hiremat")
+    with pytest.raises(ConfigError, match="bad parameters for solver 'hilp'"):
+        solve_graph(random_graph(0, 6), 1.0, "hiremate",
+                    **{**FAST, "solver_params": {"hilp": {"time_limitt": 1}}})
+
+
+# -- menu cache -----------------------------------------------------------------------------------------
+def _graph_and_cfg(**kw):
+    g = random_graph(3, 14)
+    return g, {**FAST, "flat_max_nodes": 0, "cache": True, **kw}
+
+
+def test_unwritable_cache_directory_warns_and_solves(tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    g, cfg = _graph_and_cfg(cache_dir=str(blocker / "cache"))
+    with caplog.at_level(logging.WARNING, logger="hiremate.menu_cache"):
+        result = solve_graph(g, 0.95, "hiremate", **cfg)
+    assert "cannot write hiremate cache entry" in caplog.text
+    sim = hiremate.simulate(g, result.schedule)
+    assert sim.valid and sim.peak <= result.report["budget"]
+
+
+def test_corrupted_cache_file_warns_and_is_solved_again(tmp_path):
+    g, cfg = _graph_and_cfg(cache_dir=str(tmp_path))
+    first = solve_graph(g, 0.95, "hiremate", **cfg)
+    files = sorted(tmp_path.rglob("*.pkl"))
+    assert files
+    for f in files:
+        f.write_bytes(b"\x80\x04 this is not a pickle")
+    with pytest.warns(RuntimeWarning, match="is unreadable .*; it is removed and the result "
+                      "solved again"):
+        again = solve_graph(g, 0.95, "hiremate", **cfg)
+    assert again.report["cache_hits"] == 0 and again.schedule == first.schedule
+    assert hiremate.simulate(g, again.schedule).peak <= again.report["budget"]
+    assert sorted(tmp_path.rglob("*.pkl"))  # written again
+
+
+# -- solver backends ------------------------------------------------------------------------------------
+def test_missing_milp_backend_uses_the_next_one(monkeypatch, caplog):
+    real = builtins.__import__
+
+    def no_highspy(name, *args, **kwargs):
+        if name.split(".")[0] == "highspy":
+            raise ImportError("No module named 'highspy' (simulated)")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_highspy)
+    g = random_graph(1, 8)
+    peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
+    from hiremate.solvers.hilp import HilpSolver
+
+    with caplog.at_level(logging.WARNING):
+        sched = HilpSolver(time_limit=5.0).schedule(g, int(0.9 * peak))
+    assert "H-ILP backend 'highs' is not installed (No module named 'highspy' (simulated)); " \
+           "trying the next one" in caplog.text
+    sim = hiremate.simulate(g, sched)
+    assert sim.valid and sim.peak <= int(0.9 * peak)
+
+
+def test_ilp_timeout_without_incumbent_uses_the_next_solver(monkeypatch, caplog):
+    from hiremate.solvers import hilp
+    from hiremate.solvers.hilp_backends import MilpResult
+
+    def timed_out(milp, backend, time_limit, *args, **kwargs):
+        return MilpResult("unknown", None, math.inf, -math.inf, time_limit, backend)
+
+    monkeypatch.setattr(hilp, "solve_milp", timed_out)
+    g = random_graph(2, 10)
+    params = {"hilp": {"time_limit": 0.1, "warm_start": False}}
+    with caplog.at_level(logging.WARNING, logger="hiremate.hierarchical"):
+        result = solve_graph(g, 1.0, "hiremate", **{**FAST, "solver_params": params})
+    assert result.report["solver"] != "hilp"
+    assert "found no schedule within 0.1s" in result.report["errors"]["flat:hilp"]
+    assert "flat solver hilp failed (SolverError" in caplog.text
+    sim = hiremate.simulate(g, result.schedule)
+    assert sim.valid and sim.peak <= result.report["budget"]
