@@ -150,10 +150,19 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         grads = torch.autograd.grad(roots, wrt, tans, allow_unused=True)
         return flat, list(grads)
 
-    with torch.fx.traceback.preserve_node_meta():
-        gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(
-            params, frozen, buffers, input_tensors, tangents
-        )
+    # functional_call swaps tensors in and out of the modules; with a submodule registered
+    # under two names, tracing left fake tensors in the user's model: put back every one
+    held = [(m, table, name, t) for m in module.modules()
+            for table in (m._parameters, m._buffers) for name, t in list(table.items())]
+    try:
+        with torch.fx.traceback.preserve_node_meta():
+            gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(
+                params, frozen, buffers, input_tensors, tangents
+            )
+    finally:
+        for m, table, name, t in held:
+            if table.get(name) is not t:
+                table[name] = t
     if "last" not in marker:
         raise RuntimeError("could not locate the end of the forward in the traced graph")
     return JointCapture(

@@ -108,11 +108,20 @@ def _fake_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     state = {**dict(model.named_parameters(remove_duplicate=False)),
              **dict(model.named_buffers(remove_duplicate=False))}
-    with torch.no_grad():
-        fake_state = {k: mode.from_tensor(v) for k, v in state.items()}
-        fake_in = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
-        with mode:
-            out = torch.func.functional_call(model, fake_state, fake_in[0], fake_in[1])
+    # functional_call does not put back every tensor of a submodule registered under two
+    # names (checked, torch 2.13): restore them all, or fake tensors stay in the user's model
+    held = [(m, table, name, t) for m in model.modules()
+            for table in (m._parameters, m._buffers) for name, t in list(table.items())]
+    try:
+        with torch.no_grad():
+            fake_state = {k: mode.from_tensor(v) for k, v in state.items()}
+            fake_in = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+            with mode:
+                out = torch.func.functional_call(model, fake_state, fake_in[0], fake_in[1])
+    finally:
+        for m, table, name, t in held:
+            if table.get(name) is not t:
+                table[name] = t
     return pytree.tree_structure(out)
 
 
