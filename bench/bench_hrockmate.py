@@ -73,6 +73,26 @@ def run(name: str, budget: float, config: str, overrides: dict) -> dict:
     }
 
 
+def scale(spec: str, config: str, budget: float) -> None:
+    """``MODEL:LAYERS[:WIDTH]``: build (float32), solve without cache or calibration, print."""
+    import hiremate
+    from hiremate import zoo
+    from hiremate.api import HRockmate
+
+    name, layers, *width = spec.split(":")
+    model, sample = zoo.get(name, layers=int(layers), width=int(width[0]) if width else None)
+    t0 = time.perf_counter()
+    graph = hiremate.build_graph(model, sample)
+    build = time.perf_counter() - t0
+    remat = HRockmate.from_graph(model, graph, budget, config, sample=sample, cache=False,
+                                 progress=False, calibrate=0)
+    rep = remat.report()
+    keys = ("compute_nodes", "blocks", "unique_blocks", "largest_block", "solve_time",
+            "menu_time", "relative_peak", "relative_time", "solver")
+    print(spec, {k: rep.get(k) for k in keys}, f"build {build:.1f} s",
+          f"total {time.perf_counter() - t0:.1f} s")
+
+
 def main(argv=None) -> int:
     from hiremate import zoo
 
@@ -82,8 +102,13 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="hiremate")
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--n-jobs", type=int, default=None)
+    ap.add_argument("--scale", metavar="MODEL:LAYERS[:WIDTH]",
+                    help="time one large model instead (e.g. gpt2:96:64, transformer:36)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.scale:
+        scale(args.scale, args.config, args.budget)
+        return 0
     overrides = {"progress": False}
     if args.no_cache:
         overrides["cache"] = False
