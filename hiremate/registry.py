@@ -141,6 +141,10 @@ def _builtins() -> None:
             _SOLVERS.setdefault(name, cls)
     for name, cls in CHAIN_SOLVERS.items():
         _SOLVERS.setdefault(name, _with_menu(cls))
+    from hiremate.solvers.join_solver import JOIN_SOLVERS
+
+    for name, cls in JOIN_SOLVERS.items():
+        _SOLVERS.setdefault(name, _with_menu(cls))
     from hiremate.hierarchical import RkRotorTop
 
     _SOLVERS.setdefault("rk-rotor", RkRotorTop)
