@@ -27,6 +27,8 @@ end of the last stage's backward on (in a hiremate graph, the model output, owne
 
 from __future__ import annotations
 
+import abc
+
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -439,7 +441,7 @@ def ops_to_schedule(gc: GraphChain, ops: Sequence[ChainOp]):
     return tuple(steps)
 
 
-class ChainGraphSolver:
+class ChainGraphSolver(abc.ABC):
     """Base of the solvers that schedule chain-shaped graphs through a :class:`Chain`.
 
     Subclasses give ``name``, ``solve_chain(chain, budget) -> ChainSolution`` and
@@ -483,8 +485,10 @@ class ChainGraphSolver:
                               "general-graph solver (e.g. H-ILP) for this graph")
         return gc
 
+    @abc.abstractmethod
     def solve_chain(self, chain: Chain, budget: float) -> ChainSolution:
-        raise NotImplementedError
+        """The operation sequence for ``chain`` within ``budget``."""
 
+    @abc.abstractmethod
     def chain_min_budget(self, chain: Chain) -> float:
-        raise NotImplementedError
+        """The smallest budget :meth:`solve_chain` accepts for ``chain``."""
