@@ -42,11 +42,15 @@ __all__ = [
     "InvalidGraphError", "InvalidScheduleError", "NodeKind", "Op", "Ref", "Schedule",
     "SimulationResult", "SolverError", "autodiff_schedule", "build_graph", "fmt_bytes",
     "measure", "parse_bytes", "simulate",
+    "HRockmate", "Config", "RematModule", "register_solver", "register_partitioner",
+    "solve_graph", "load_config",
 ]
 
 _LAZY = {
     "HRockmate": "hiremate.api", "Config": "hiremate.config",
     "register_solver": "hiremate.registry", "register_partitioner": "hiremate.registry",
+    "RematModule": "hiremate.executor", "solve_graph": "hiremate.api",
+    "load_config": "hiremate.config",
 }
 
 
