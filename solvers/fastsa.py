@@ -302,7 +302,10 @@ class FastSA:
         st2 = self.anneal(fine, budget, self.iters_fine, t_fine, 1e-4 * t_fine, rng, False,
                           max(deadline, time.perf_counter() + 0.1 * self.time_limit))
         self.last_stats.append(st2)
-        candidates = [flat, fine.order()]
+        # the graph's own order (store-all with eager frees) is a candidate too: annealing ends
+        # where its random walk stops, not at the best state it visited, so without it FastSA
+        # could refuse a budget that the unmodified sequence meets
+        candidates = [flat, fine.order(), list(range(len(graph.nodes)))]
         best: tuple | None = None
         for seq in candidates:
             res = simulate(graph, sequence_to_schedule(graph, seq))

@@ -37,6 +37,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SLOTS = 500
 _EPS = 1e-9
+#: the memory the DPs get, as fractions of the budget. ``StageModel.scaled`` forgives a relative
+#: ``_EPS`` of float error when rounding sizes up, so with 2**40-byte sizes a sequence a few
+#: bytes over the budget can pass (5 TiB - 1 byte held 5 TiB); every DP answer is checked with
+#: ``simulate_chain`` and, if it does not fit, the DP runs again with the budget shrunk by more
+#: than that tolerance, where the rounding provably errs on the safe side
+_SHRINKS = (1.0, 1.0 - 4 * _EPS)
 
 
 # -- the stage model shared with rk-Rotor ------------------------------------------------------
@@ -392,10 +398,14 @@ def solve_persistent(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) ->
     store = store_all_ops(chain)
     if simulate_chain(chain, store).peak <= budget:  # nothing to recompute: skip rounding
         return solution(chain, store, budget)
-    scaled, S = _discretise(model, avail, slots)
-    table = PersistentTable(scaled, S)
-    if np.isfinite(table.cost(1, chain.n)[S]):
-        return solution(chain, _to_chain_ops(table.sequence()), budget)
+    for shrink in _SHRINKS:
+        scaled, S = _discretise(model, avail * shrink, slots)
+        table = PersistentTable(scaled, S)
+        if not np.isfinite(table.cost(1, chain.n)[S]):
+            break
+        ops = _to_chain_ops(table.sequence())
+        if simulate_chain(chain, ops).peak <= budget:
+            return solution(chain, ops, budget)
     log.info("rotor: budget within %d slots of the minimum; using the minimum-memory sequence",
              slots)
     return solution(chain, _to_chain_ops(min_ops), budget)
@@ -555,11 +565,14 @@ def solve_weak(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) -> Chain
     store = store_all_ops(chain)
     if simulate_chain(chain, store).peak <= budget:
         return solution(chain, store, budget)
-    if avail >= 0:
-        scaled, S = _discretise(model, avail, slots)
+    for shrink in _SHRINKS if avail >= 0 else ():
+        scaled, S = _discretise(model, avail * shrink, slots)
         table = WeakTable(scaled, S)
-        if np.isfinite(table.get(1, 1, chain.n)[S]):
-            return solution(chain, _to_chain_ops(table.sequence()), budget)
+        if not np.isfinite(table.get(1, 1, chain.n)[S]):
+            break
+        ops = _to_chain_ops(table.sequence())
+        if simulate_chain(chain, ops).peak <= budget:
+            return solution(chain, ops, budget)
     exact_min, min_ops = min_memory(model)
     if avail >= exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
         return solution(chain, _to_chain_ops(min_ops), budget)
