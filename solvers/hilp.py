@@ -303,9 +303,11 @@ class HilpSolver:
                 + "; raise the budget", min_budget=None)
         if not res.has_solution:  # time out, or infeasible within MEM_MARGIN: the warm start
             if hint_phases is None:
-                raise SolverError(
+                exc = SolverError(
                     f"{self.name}/{cfg.backend} found no schedule within {cfg.time_limit:g}s "
                     f"for {len(graph.nodes)} nodes; raise time_limit or partition the graph")
+                exc.timed_out = True  # neither a schedule nor a proof: menus skip the budget
+                raise exc
             phases, status = hint_phases, "hint"
         else:
             phases, status = phases_from_solution(model, res.x), res.status

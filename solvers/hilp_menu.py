@@ -117,6 +117,13 @@ def solve_menu(solver, graph: Graph, budgets: Iterable) -> list[Option]:
         except InfeasibleBudgetError:
             log.debug("menu: budget (%s, %s) infeasible", peak, save)
             continue
+        except SolverError as exc:
+            # a time-out on one budget leaves the menu without that option, like an infeasible
+            # budget, instead of losing the options of the other budgets; other errors are bugs
+            if not getattr(exc, "timed_out", False):
+                raise
+            log.warning("menu: budget (%s, %s) skipped: %s", peak, save, exc)
+            continue
         options.append(option_from_schedule(graph, result.schedule, solver.name))
     if not options:
         raise InfeasibleBudgetError(

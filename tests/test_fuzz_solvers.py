@@ -290,13 +290,9 @@ def test_fastsa_meets_the_store_all_peak(seed, n_ops, chain):
     assert check_flat("fastsa", g, peak) == "ok"
 
 
-def test_hilp_timeout_on_an_infeasible_budget_is_not_a_bug():
-    """Slow-fuzz case: a budget between the memory floor and the store-all peak that no
-    schedule meets. With the fuzz's 0.5 s, HiGHS runs out of time before proving it (a
-    SolverError saying so, accepted by ``check_flat``); with more time it proves it and H-ILP
-    raises InfeasibleBudgetError, as the fuzz contract wants."""
-    from hiremate.solvers.hilp import HilpSolver
-
+def _no_schedule_case():
+    """A slow-fuzz graph and a budget between its memory floor and its store-all peak that no
+    schedule meets (H-ILP proves it in about a second)."""
     T = HUGE
     spec = FuzzSpec([0, 492, 324], [True, False, True], [
         FuzzOp([(-2, 0), (-3, 0), (-1, 0)], [T, 0, 0], 1.0, 2.0, True, True, [2], 0, 3),
@@ -309,9 +305,41 @@ def test_hilp_timeout_on_an_infeasible_budget_is_not_a_bug():
         FuzzOp([(1, 0), (-3, 0), (3, 0)], [T, T, T], 3.0, 1.0, False, False, [2], 124, 0,
                [(2, 0)]),
     ], [(2, 0), (3, 1), (5, 0), (6, 0), (6, 1), (7, 0), (7, 1), (7, 2)])
-    g = graph_from_spec(spec)
-    budget = 11303692758840
+    return graph_from_spec(spec), 11303692758840
+
+
+def test_hilp_timeout_on_an_infeasible_budget_is_not_a_bug():
+    """With the fuzz's 0.5 s, HiGHS may run out of time before proving the budget infeasible
+    (a SolverError saying so, accepted by ``check_flat``); with more time it proves it and
+    H-ILP raises InfeasibleBudgetError, as the fuzz contract wants."""
+    from hiremate.solvers.hilp import HilpSolver
+
+    g, budget = _no_schedule_case()
     assert memory_floor(g) <= budget < hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
     assert check_flat("hilp", g, budget) in ("timeout", "infeasible")
     with pytest.raises(InfeasibleBudgetError):
         HilpSolver(time_limit=20.0).schedule(g, budget)
+
+
+def test_hilp_menu_skips_a_budget_that_times_out(monkeypatch):
+    """Slow-fuzz case (checkmate menu): one menu budget timing out without any schedule raised
+    SolverError and lost the whole menu; it is now skipped like an infeasible budget."""
+    import math
+
+    from hiremate.solvers import hilp
+    from hiremate.solvers.hilp_backends import MilpResult
+
+    def timed_out(milp, backend, time_limit, *args, **kwargs):
+        return MilpResult("unknown", None, math.inf, -math.inf, time_limit, backend)
+
+    monkeypatch.setattr(hilp, "solve_milp", timed_out)
+    g, budget = _no_schedule_case()
+    peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
+    solver = make_solver("checkmate", PARAMS["checkmate"])
+    with pytest.raises(SolverError, match="found no schedule within"):
+        solver.schedule(g, budget)
+    options = solver.menu(g, [budget, peak])
+    assert len(options) == 1
+    sched = tuple(options[0].fwd) + (Compute(g.loss),) + tuple(options[0].bwd)
+    sim = hiremate.simulate(g, sched)
+    assert sim.valid and sim.peak <= peak
