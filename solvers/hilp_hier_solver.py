@@ -1,0 +1,151 @@
+"""``HilpTop``: the hierarchical H-ILP as a top-level composer over a sequence of blocks.
+
+Same role as :class:`hiremate.hierarchical.RkRotorTop`: given the blocks (with option menus)
+and a budget, return candidate schedules of the *full* graph, each simulated. The MILP's
+memory model (:mod:`hiremate.solvers.hilp_hier`) bounds the full graph's memory from above, but
+the simulator is the truth: the translated compute sequence gets its frees from
+:func:`~hiremate.solvers.remat_sequence.sequence_to_schedule` (eager, never later than the
+MILP's), and when its simulated peak leaves room below the budget, the MILP is solved again
+with a higher abstract budget (or a lower one when it overshoots), ``retries`` times at most.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hiremate.errors import SolverError
+from hiremate.graph import Graph
+from hiremate.simulator import SimulationResult, simulate
+from hiremate.units import fmt_bytes
+
+from hiremate.solvers.hilp_backends import solve_milp
+from hiremate.solvers.hilp_hier import HierModel, TopGraph, build_hier_model, solution_sequence, top_graph
+
+if TYPE_CHECKING:
+    from hiremate.hierarchical import Candidate, TopProblem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TopSolution:
+    """One solved top-level MILP, translated and simulated."""
+
+    abstract_budget: int
+    status: str
+    objective: float
+    bound: float
+    seconds: float
+    sequence: list[int]
+    steps: list
+    sim: SimulationResult | None
+
+
+class HilpTop:
+    """Hierarchical H-ILP (``papers/hiremate-hierarchical.txt`` 3.2.2, appendix B) at the top
+    level: blocks are compute nodes with option menus, phantoms carry what a block's forward
+    keeps for its backward."""
+
+    name = "hilp-top"
+    composer = True
+
+    def __init__(self, time_limit: float = 30.0, mip_gap: float = 1e-4, retries: int = 4,
+                 backend: str = "highs", threads: int = 1):
+        self.time_limit = float(time_limit)
+        self.mip_gap = float(mip_gap)
+        self.retries = int(retries)
+        self.backend = backend
+        self.threads = int(threads)
+
+    def applicable(self, graph: Graph) -> bool:
+        return True
+
+    def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int) -> TopSolution:
+        """Solve the MILP of ``top`` under ``abstract`` bytes; translate and simulate."""
+        from hiremate.solvers.remat_sequence import sequence_to_schedule
+
+        start = time.perf_counter()
+        hm: HierModel = build_hier_model(top, abstract)
+        res = solve_milp(hm.milp, self.backend, self.time_limit, self.mip_gap,
+                         threads=self.threads)
+        secs = time.perf_counter() - start
+        if not res.has_solution:
+            return TopSolution(abstract, res.status, math.inf, res.bound, secs, [], [], None)
+        seq, steps = solution_sequence(hm, res.x)
+        sim = simulate(problem.graph, sequence_to_schedule(problem.graph, seq))
+        log.info("hilp-top at %s: %s, objective %.6g, simulated %s in %.2fs (%s)",
+                 fmt_bytes(abstract), res.status, res.objective,
+                 fmt_bytes(sim.peak) if sim.valid else sim.error, secs, hm.stats)
+        return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim)
+
+    def compose(self, problem: "TopProblem", budget: int) -> tuple[list["Candidate"], int | None]:
+        """Candidates within ``budget`` (simulated) and the lowest simulated peak reached."""
+        from hiremate.hierarchical import Candidate
+        from hiremate.solvers.remat_sequence import sequence_to_schedule
+
+        top = top_graph(problem)
+        found: list[Candidate] = []
+        lowest: int | None = None
+        ok: int | None = None       # highest abstract budget whose schedule fit
+        bad: int | None = None      # lowest abstract budget whose schedule did not
+        abstract = int(budget)
+        tried = []
+        sequences: set[tuple[int, ...]] = set()
+        for _ in range(max(self.retries, 1)):
+            sol = self.solve_at(problem, top, abstract)
+            tried.append((abstract, sol.status, sol.sim.peak if sol.sim else None))
+            if sol.sim is None:
+                if sol.status == "infeasible":
+                    break  # a lower abstract budget is infeasible too; a higher one overshot
+                raise SolverError(f"hilp-top found no solution within {self.time_limit:g}s "
+                                  f"({sol.status}); raise its time_limit")
+            sim = sol.sim
+            if not sim.valid:
+                raise SolverError(f"hilp-top produced an invalid schedule (a bug): {sim.error}")
+            lowest = sim.peak if lowest is None else min(lowest, sim.peak)
+            seen = tuple(sol.sequence)
+            if sim.peak <= budget and seen in sequences:
+                break  # a higher abstract budget gave the same schedule: nothing to gain
+            sequences.add(seen)
+            if sim.peak <= budget:
+                sched = sequence_to_schedule(problem.graph, sol.sequence)
+                found.append(Candidate(sched, sim, self.name, {
+                    "abstract_budget": abstract, "objective": sol.objective,
+                    "bound": sol.bound, "status": sol.status, "seconds": sol.seconds,
+                    "top_steps": tuple(sol.steps)}))
+                ok = abstract
+                room = budget - sim.peak
+                if room <= 1e-3 * budget:
+                    break
+                nxt = abstract + room if bad is None else (ok + bad) // 2
+            else:
+                bad = abstract
+                over = sim.peak - budget
+                nxt = abstract - over if ok is None else (ok + bad) // 2
+            if nxt <= 0 or nxt == abstract or (ok is not None and bad is not None
+                                               and bad - ok <= 1e-3 * budget):
+                break
+            abstract = int(nxt)
+        log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
+                 len(top.graph.nodes), tried)
+        return found, lowest
+
+
+def store_all_objective(top: TopGraph) -> float:
+    """Time of running every top node once with each block's first option (a test helper:
+    with one store-all option per block this is the full graph's total time)."""
+    total = 0.0
+    for k, kind in enumerate(top.kind):
+        if kind == "F":
+            total += top.costs[top.block[k]][0].fwd_time
+        elif kind == "B":
+            total += top.costs[top.block[k]][0].bwd_time
+        else:
+            total += top.graph.nodes[k].time
+    return float(np.float64(total))
