@@ -13,9 +13,11 @@ What runs (honestly, as implemented):
    at the top level, run as soon as their inputs exist). Blocks with equal canonical graphs are
    solved once; each ``bottom`` solver gives a menu, the menus are merged (Pareto front) and cut
    to ``n_options`` (farthest peaks). A ``top`` composer (rk-Rotor, Rockmate appendix C) then
-   schedules the sequence of blocks with their menus.
-   Hierarchical H-ILP over option menus (the paper's top level for non-chain graphs) is *not*
-   implemented: rk-Rotor is applied to the top level's blocks in order, whatever their shape.
+   schedules the sequence of blocks with their menus: rk-Rotor (Rockmate appendix C: the
+   blocks as a chain) and/or the hierarchical H-ILP (``hilp-top``,
+   :mod:`hiremate.solvers.hilp_hier_solver`: a MILP over the blocks' forward and backward
+   nodes with options and phantoms, any dependency shape between blocks); every composer's
+   candidates are simulated and the fastest valid one within the budget wins.
 
 Translating back: a block operation becomes the compute steps of its option's forward or
 backward part (renamed to full-graph ids); the whole compute sequence gets its frees from
@@ -680,8 +682,22 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
 
 def _winners(problem: TopProblem, cand: Candidate) -> list[str]:
     """For each block, the solver(s) whose options the chosen block sequence runs."""
+    if "block_solvers" in cand.detail:  # composers other than rk-Rotor say it themselves
+        return list(cand.detail["block_solvers"])
     used: list[set[str]] = [set() for _ in problem.blocks]
     for op in cand.detail.get("ops", ()):
         if op.kind == "B":
             used[op.block - 1].add(problem.blocks[op.block - 1].options[op.option].solver)
     return ["+".join(sorted(u)) or "none" for u in used]
+
+
+def _register_composers() -> None:
+    """``hilp-top`` sits beside ``rk-rotor`` (registered by :mod:`hiremate.registry`, which
+    imports this module to get the built-in composers)."""
+    from hiremate.registry import _SOLVERS
+    from hiremate.solvers.hilp_hier_solver import HilpTop
+
+    _SOLVERS.setdefault("hilp-top", HilpTop)
+
+
+_register_composers()

@@ -73,6 +73,7 @@ class OptionCost:
     bwd_seq: tuple[int, ...]
     fwd_profile: Profile = ()
     bwd_profile: Profile = ()
+    solver: str = ""
 
 
 def _prune(entries: list[tuple[int, frozenset]]) -> Profile:
@@ -195,7 +196,7 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
         fwd_peak=max((w for w, _ in fwd_p), default=0),
         bwd_peak=max((w for w, _ in bwd_p), default=0), phantom=phantom,
         fwd_seq=tuple(block.sequence(option.fwd)), bwd_seq=tuple(block.sequence(option.bwd)),
-        fwd_profile=fwd_p, bwd_profile=bwd_p)
+        fwd_profile=fwd_p, bwd_profile=bwd_p, solver=option.solver)
 
 
 def checkpoint_options(block: "Block") -> list[Option]:
@@ -218,12 +219,14 @@ def checkpoint_options(block: "Block") -> list[Option]:
         return []
 
 
-def top_graph(problem: "TopProblem") -> TopGraph:
-    """Contract the full graph's blocks into ``F_j`` / ``B_j`` nodes (see module docstring)."""
+def top_graph(problem: "TopProblem", checkpoint: bool = True) -> TopGraph:
+    """Contract the full graph's blocks into ``F_j`` / ``B_j`` nodes (see module docstring);
+    ``checkpoint`` adds each block's checkpoint option where its menu lacks one."""
     graph = problem.graph
     blocks = problem.blocks
     L = len(blocks)
-    costs = [[option_costs(b, o) for o in b.options + checkpoint_options(b)] for b in blocks]
+    costs = [[option_costs(b, o) for o in b.options + (checkpoint_options(b) if checkpoint else [])]
+             for b in blocks]
     if any(not c for c in costs):
         raise SolverError("hierarchical H-ILP needs at least one option per block")
     # top node "names": ("F", j), ("loss",), ("B", j), ("tail", id)

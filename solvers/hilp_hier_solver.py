@@ -56,12 +56,13 @@ class HilpTop:
     composer = True
 
     def __init__(self, time_limit: float = 30.0, mip_gap: float = 1e-4, retries: int = 4,
-                 backend: str = "highs", threads: int = 1):
+                 backend: str = "highs", threads: int = 1, checkpoint: bool = True):
         self.time_limit = float(time_limit)
         self.mip_gap = float(mip_gap)
         self.retries = int(retries)
         self.backend = backend
         self.threads = int(threads)
+        self.checkpoint = bool(checkpoint)
 
     def applicable(self, graph: Graph) -> bool:
         return True
@@ -89,7 +90,7 @@ class HilpTop:
         from hiremate.hierarchical import Candidate
         from hiremate.solvers.remat_sequence import sequence_to_schedule
 
-        top = top_graph(problem)
+        top = top_graph(problem, self.checkpoint)
         found: list[Candidate] = []
         lowest: int | None = None
         ok: int | None = None       # highest abstract budget whose schedule fit
@@ -118,7 +119,7 @@ class HilpTop:
                 found.append(Candidate(sched, sim, self.name, {
                     "abstract_budget": abstract, "objective": sol.objective,
                     "bound": sol.bound, "status": sol.status, "seconds": sol.seconds,
-                    "top_steps": tuple(sol.steps)}))
+                    "block_solvers": block_solvers(top, sol.steps)}))
                 ok = abstract
                 room = budget - sim.peak
                 if room <= 1e-3 * budget:
@@ -135,6 +136,15 @@ class HilpTop:
         log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
                  len(top.graph.nodes), tried)
         return found, lowest
+
+
+def block_solvers(top: TopGraph, steps) -> list[str]:
+    """For each block, the solver(s) of the options its backward ran with."""
+    used: list[set[str]] = [set() for _ in top.costs]
+    for _, k, o in steps:
+        if top.kind[k] == "B":
+            used[top.block[k]].add(top.costs[top.block[k]][o].solver)
+    return ["+".join(sorted(u)) or "none" for u in used]
 
 
 def store_all_objective(top: TopGraph) -> float:

@@ -33,7 +33,7 @@ def test_default_preset_is_the_papers_combination():
     cfg = load_config()
     assert cfg.name == "hiremate"
     assert "hilp" in cfg.flat and "twremat" in cfg.flat
-    assert cfg.bottom == ["hilp", "twremat"] and cfg.top == ["rk-rotor"]
+    assert cfg.bottom == ["hilp", "twremat"] and cfg.top == ["hilp-top", "rk-rotor"]
 
 
 def test_overrides_apply_and_validate():

@@ -93,7 +93,8 @@ def test_hierarchical_path_meets_budgets(frac):
     res = solve_graph(g, frac, hier())
     sim = check(g, res)
     rep = res.report
-    assert rep["solver"] == "rk-rotor" and rep["hierarchical_path"] and not rep["flat_path"]
+    assert rep["solver"] in ("rk-rotor", "hilp-top") and rep["hierarchical_path"]
+    assert not rep["flat_path"]
     assert rep["blocks"] == 10 and rep["unique_blocks"] == 5
     assert len(rep["block_solvers"]) == 10
     if frac == 1.0:  # no need to recompute anything
