@@ -130,7 +130,6 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
     alive = [d.producer is None for d in sub.data]
     grads_in = set(sub.nodes[sub.loss].outputs)
     outs = set(sub.outputs)
-    cut = len(option.fwd)
     parts = (list(option.fwd), list(option.bwd))
     # last compute-step index of each read, per part (full data ids)
     last: list[dict[int, int]] = []
@@ -185,7 +184,6 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
             if d in grads_in:
                 g_alive -= counted[d]
         bwd_raw.append((mem - g_alive, freed(1, i, False)))
-    del cut
     out_b = sum(counted[d] for d in outs)
     phantom = max(held - out_b, 0)
     less = phantom + sum(counted[d] for d in outs - recomputed)
