@@ -135,6 +135,15 @@ class HilpTop:
             abstract = int(nxt)
         log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
                  len(top.graph.nodes), tried)
+        # the store-everything schedule is always valid: a candidate whenever it fits (the MILP
+        # may miss it at the budget's edge, e.g. with huge sizes), and a budget that always works
+        from hiremate.simulator import autodiff_schedule
+
+        store_all = autodiff_schedule(problem.graph)
+        sim_all = simulate(problem.graph, store_all)
+        if sim_all.peak <= budget and not found:
+            found.append(Candidate(store_all, sim_all, self.name, {"store_all": True}))
+        lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
         return found, lowest
 
 
