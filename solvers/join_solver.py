@@ -43,6 +43,7 @@ import numpy as np
 
 from hiremate.solvers.chain import Chain
 from hiremate.solvers.rotor import DEFAULT_SLOTS, PersistentTable, StageModel
+from hiremate.simulator import simulate
 
 log = logging.getLogger(__name__)
 
@@ -555,7 +556,19 @@ class JoinDP:
             _emit_min(em, mm, *mm_start(jg))
             self.last_makespan = None
         em.tail()
-        return tuple(em.steps)
+        steps = tuple(em.steps)
+        sim = simulate(graph, steps)
+        if not sim.valid or sim.peak > budget:
+            # slot rounding can hide a byte with huge tensors: the simulator is the truth, and
+            # the minimum-memory schedule always fits a budget of at least ``need``
+            log.info("join: DP schedule peaks at %s over the budget %s; using the "
+                     "minimum-memory schedule", sim.peak, budget)
+            em = _Emitter(jg)
+            _emit_min(em, mm, *mm_start(jg))
+            em.tail()
+            steps = tuple(em.steps)
+            self.last_makespan = None
+        return steps
 
     def table(self, jg: JoinGraph, budget: int) -> JoinTable | None:
         """The DP table for ``budget`` bytes (exact one-byte slots when the budget is at most

@@ -199,3 +199,24 @@ def test_captured_siamese_model_is_a_join():
     for budget in (lo, (lo + top) // 2, top):
         _check(g, solver, budget)
     assert any(d.kind is DataKind.ACTIVATION for d in g.data)
+
+
+def test_slot_rounding_never_lets_a_byte_over_the_budget():
+    """Regression (slow fuzz): with TiB-sized values, slot rounding let a DP schedule peak one
+    byte above the budget; the simulator check now falls back to the minimum-memory schedule."""
+    from hiremate import simulate
+    from hiremate.fuzzgraphs import HUGE, FuzzOp, FuzzSpec, graph_from_spec
+    from hiremate.solvers.join_solver import JoinDP
+
+    spec = FuzzSpec([0], [False], [
+        FuzzOp([(-1, 0)], [HUGE], 0.0, 0.0, True, False),
+        FuzzOp([(0, 0)], [HUGE], 0.0, 0.0, True, False, [], 0, HUGE),
+        FuzzOp([(1, 0)], [HUGE], 0.0, 0.0, True, False, [], 0, 1),
+        FuzzOp([(2, 0)], [0], 0.0, 0.0, True, False),
+    ], [(3, 0)])
+    graph = graph_from_spec(spec)
+    solver = JoinDP()
+    low = solver.min_budget(graph)
+    for budget in (low, low + 1, low + 2, 5 * HUGE, 6 * HUGE):
+        sim = simulate(graph, solver.schedule(graph, budget))
+        assert sim.valid and sim.peak <= budget, (budget, sim.peak)
