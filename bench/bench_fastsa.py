@@ -77,9 +77,12 @@ def mutation_rate(graph: Graph, iters: int = 200_000) -> dict:
     out = {}
     for stage, st in zip(("grouped", "fine"), solver.last_stats):
         out[stage] = dict(attempts=st.attempts, evaluated=st.evaluated, accepted=st.accepted,
-                          seconds=round(st.seconds, 2),
+                          bounded=st.bounded, seconds=round(st.seconds, 2),
+                          cpu_seconds=round(st.cpu_seconds, 2),
                           attempts_per_s=round(st.attempts_per_s),
-                          evaluated_per_s=round(st.evaluated_per_s))
+                          evaluated_per_s=round(st.evaluated_per_s),
+                          evaluated_per_cpu_s=round(st.evaluated / st.cpu_seconds)
+                          if st.cpu_seconds else 0)
     return out
 
 

@@ -45,13 +45,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AnnealStats:
-    """Counters of one annealing run: attempts (mutations drawn), evaluated (valid ones whose
-    objective was computed), accepted, and wall time."""
+    """Counters of one annealing run.
+
+    ``attempts``: mutations drawn; ``evaluated``: drawn mutations that were valid and whose
+    accept/reject decision was made (exactly: either from the new objective, or because a lower
+    bound of it already exceeded the accepted threshold); ``bounded``: those of ``evaluated``
+    rejected from the bound alone; ``accepted``; ``seconds``: wall time of the run;
+    ``cpu_seconds``: this process's CPU time over the run (less sensitive to a shared machine).
+    """
 
     attempts: int = 0
     evaluated: int = 0
     accepted: int = 0
+    bounded: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
     @property
     def attempts_per_s(self) -> float:
@@ -68,6 +76,24 @@ def _data_facts(graph: Graph) -> tuple[list[int], list[bool], list[bool]]:
     kept = [d.id in keep for d in graph.data]
     source = [d.kind in SOURCE_KINDS for d in graph.data]
     return sizes, kept, source
+
+
+def _needed_nodes(table: NodeTable) -> list[bool]:
+    """Nodes that some fixed node depends on (through its inputs, transitively).
+
+    A fixed node (loss, backward, output producer) stays placed exactly once, so every node it
+    reads from keeps at least one copy before it, and so on up: the only copy of such a node is
+    never removable. Table indices follow a topological order (readers after producers).
+    """
+    producer = {d: x for x in range(len(table)) for d in table.outs[x]}
+    needed = [False] * len(table)
+    for y in range(len(table) - 1, -1, -1):
+        if table.movable_only[y] or needed[y]:
+            for d in table.ins[y]:
+                x = producer.get(d)
+                if x is not None:
+                    needed[x] = True
+    return needed
 
 
 def primitive_table(graph: Graph) -> NodeTable:
@@ -199,21 +225,68 @@ class FastSA:
     # -- annealing ---------------------------------------------------------------------------
     def anneal(self, state: SlotState, budget: int, iters: int, temp0: float, temp1: float,
                rng: random.Random, stop_when_feasible: bool, deadline: float) -> AnnealStats:
-        """Run ``iters`` mutations (or until ``deadline``); the state keeps the final sequence."""
+        """Run ``iters`` mutations (or until ``deadline``); the state keeps the final sequence.
+
+        Metropolis with the threshold drawn first: a mutation from objective ``f`` to ``g`` is
+        accepted iff ``g <= f + temp * E`` with ``E ~ Exp(1)`` (``E = -ln(1 - u)``), the same
+        law as ``g <= f or u < exp((f - g) / temp)``. Knowing the largest accepted ``g`` before
+        evaluating lets a mutation be rejected from a lower bound of its new objective before
+        the exact one is computed: for an add, from its cost alone (it lowers memory only
+        before its slot, by at most its outputs' bytes); otherwise from
+        :meth:`SlotState.peak_bound` (the new memory at the current peak slot). The exact new
+        peak comes from :meth:`SlotState.peak_with`; a rejected mutation is never applied.
+        Every decision is exact: the bound only rejects what the exact objective would.
+
+        Proposals: add a pool node at a uniform slot among those after the first production of
+        each of its inputs (and after the loss for backward work; it must be free); remove the
+        node of a uniform slot among those holding a removable node; move the node of a
+        uniform occupied slot (not the loss) to a uniform slot within ``move_window`` and after
+        its inputs' first productions (it must be free).
+        """
         table = state.table
         seq = state.seq
         T = state.T
         can_add, can_remove = state.can_add, state.can_remove
-        add, remove = state.add, state.remove
+        add_deltas, remove_deltas = state.add_deltas, state.remove_deltas
+        commit_add, commit_remove = state.commit_add, state.commit_remove
+        peak_bounds, peak_with = state.peak_bounds, state.peak_with
+        move_deltas, commit_move = state.move_deltas, state.commit_move
+        cost = table.cost
+        out_bytes = state.out_bytes
+        first_slot = state.first_slot
         pool = [x for x in range(len(table)) if not table.movable_only[x]]
         fixed = table.movable_only
         loss_slot = state.loss_slot
+        # Removal candidates: slots of pool nodes that have another copy, or whose outputs
+        # nothing placed for good depends on. The only copy of a node that a fixed node needs
+        # (through its readers) can never be removed, so leaving it out keeps the removals
+        # drawn uniform among the valid ones and saves the draws that would fail.
+        needed = _needed_nodes(table)
+        slots_of: dict[int, list[int]] = {}
+        for t in range(T):
+            if seq[t] != NOP:
+                slots_of.setdefault(seq[t], []).append(t)
+        removable = [t for t in range(T) if seq[t] != NOP and not fixed[seq[t]]
+                     and (len(slots_of[seq[t]]) > 1 or not needed[seq[t]])]
+        placed = [t for t in range(T) if seq[t] != NOP and t != loss_slot]
+        rpos = {t: i for i, t in enumerate(removable)}
+        ppos = {t: i for i, t in enumerate(placed)}
+
+        def drop(lst: list[int], pos: dict[int, int], t: int) -> None:
+            i = pos.pop(t)
+            last = lst.pop()
+            if last != t:
+                lst[i] = last
+                pos[last] = i
+
         rand = rng.random
-        randrange = rng.randrange
+        log = math.log
         exp = math.exp
         window = self.move_window
         stats = AnnealStats()
+        attempts = evaluated = accepted = bounded = 0
         start = time.perf_counter()
+        cpu_start = time.process_time()
         f = max(budget, state.peak) * state.cost
         log_ratio = math.log(temp1 / temp0) if temp0 > 0 and temp1 > 0 else 0.0
         temp = temp0
@@ -225,53 +298,123 @@ class FastSA:
                     break
                 if stop_when_feasible and state.peak <= budget:
                     break
-            stats.attempts += 1
+            attempts += 1
             r = rand()
             if r < 0.34:  # add a (re)computation
                 if not npool:
                     continue
-                x = pool[randrange(npool)]
-                t = randrange(T)
-                if seq[t] != NOP or not can_add(x, t):
+                x = pool[int(rand() * npool)]
+                # a uniform slot after the first production of every input of x
+                lo = first_slot(x)
+                if lo >= T:
                     continue
-                add(x, t)
-                undo = (remove, x, t)
+                t = lo + int(rand() * (T - lo))
+                if seq[t] != NOP:
+                    continue
+                evaluated += 1
+                g_max = f - temp * log(1.0 - rand())
+                c_new = state.cost + cost[x]
+                # an add lowers memory only on slots before t, by at most its outputs' bytes
+                m = state.peak if t <= state.peak_at else state.peak - out_bytes[x]
+                if (budget if budget > m else m) * c_new > g_max:
+                    bounded += 1
+                    continue
+                deltas = add_deltas(x, t)
+                adding = True
             elif r < 0.67:  # remove a computation
-                t = randrange(T)
+                if not removable:
+                    continue
+                t = removable[int(rand() * len(removable))]
                 x = seq[t]
-                if x == NOP or fixed[x] or not can_remove(x, t):
+                deltas = remove_deltas(x, t)  # None: invalid
+                if deltas is None:
                     continue
-                remove(x, t)
-                undo = (add, x, t)
+                evaluated += 1
+                g_max = f - temp * log(1.0 - rand())
+                c_new = state.cost - cost[x]
+                adding = False
             else:  # move a node to a free slot nearby
-                t1 = randrange(T)
+                if not placed:
+                    continue
+                t1 = placed[int(rand() * len(placed))]
                 x = seq[t1]
-                if x == NOP or t1 == loss_slot:
+                # a uniform slot of the window that is after the inputs' first productions
+                a = first_slot(x)
+                if a < t1 - window:
+                    a = t1 - window
+                b = t1 + window + 1
+                if b > T:
+                    b = T
+                t2 = a + int(rand() * (b - a))
+                if seq[t2] != NOP or not can_remove(x, t1, t2):
                     continue
-                t2 = t1 + randrange(-window, window + 1)
-                if t2 < 0 or t2 >= T or seq[t2] != NOP:
+                evaluated += 1
+                g_max = f - temp * log(1.0 - rand())
+                deltas = move_deltas(x, t1, t2)
+                c = state.cost
+                m, ub = peak_bounds(deltas)
+                if (budget if budget > m else m) * c > g_max:
+                    bounded += 1
                     continue
-                if not can_add(x, t2) or not can_remove(x, t1, t2):
-                    continue
-                add(x, t2)
-                remove(x, t1)
-                stats.evaluated += 1
-                g = max(budget, state.peak) * state.cost
-                if g <= f or rand() < exp((f - g) / temp):
-                    f = g
-                    stats.accepted += 1
+                if (budget if budget > ub else ub) * c > g_max:
+                    m = peak_with(deltas)
+                    if (budget if budget > m else m) * c > g_max:
+                        continue
+                    commit_move(x, t1, t2, deltas, False)
+                    state.peak, state.peak_at = m, state.new_at
                 else:
-                    add(x, t1)
-                    remove(x, t2)
+                    commit_move(x, t1, t2, deltas)
+                m = state.peak
+                f = (budget if budget > m else m) * c
+                accepted += 1
+                i = ppos.pop(t1)
+                placed[i] = t2
+                ppos[t2] = i
+                if t1 in rpos:
+                    i = rpos.pop(t1)
+                    removable[i] = t2
+                    rpos[t2] = i
+                if not fixed[x]:
+                    copies = slots_of[x]
+                    copies[copies.index(t1)] = t2
                 continue
-            stats.evaluated += 1
-            g = max(budget, state.peak) * state.cost
-            if g <= f or rand() < exp((f - g) / temp):
-                f = g
-                stats.accepted += 1
+            m, ub = peak_bounds(deltas)
+            if (budget if budget > m else m) * c_new > g_max:
+                bounded += 1
+                continue
+            # the exact peak is needed only when the upper bound does not already accept
+            exact = (budget if budget > ub else ub) * c_new > g_max
+            if exact:
+                m = peak_with(deltas)
+                if (budget if budget > m else m) * c_new > g_max:
+                    continue
+            accepted += 1
+            if adding:
+                commit_add(x, t, deltas, not exact)
+                copies = slots_of.setdefault(x, [])
+                copies.append(t)
+                for u in copies:
+                    if u not in rpos:
+                        rpos[u] = len(removable)
+                        removable.append(u)
+                ppos[t] = len(placed)
+                placed.append(t)
             else:
-                undo[0](undo[1], undo[2])
+                commit_remove(x, t, deltas, not exact)
+                copies = slots_of[x]
+                copies.remove(t)
+                drop(removable, rpos, t)
+                drop(placed, ppos, t)
+                if len(copies) == 1 and needed[x]:
+                    drop(removable, rpos, copies[0])
+            if exact:
+                state.peak, state.peak_at = m, state.new_at
+            m = state.peak
+            f = (budget if budget > m else m) * c_new
+        stats.attempts, stats.evaluated, stats.accepted = attempts, evaluated, accepted
+        stats.bounded = bounded
         stats.seconds = time.perf_counter() - start
+        stats.cpu_seconds = time.process_time() - cpu_start
         return stats
 
     def _state(self, graph: Graph, table: NodeTable, order: list[int]) -> SlotState:

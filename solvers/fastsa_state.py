@@ -11,13 +11,23 @@ slot ``t`` (the sum of the sizes of the copies alive there, plus the node's over
 Adding and removing a node are exact inverses, so a rejected mutation is undone by applying
 the opposite one. The memory at a slot that holds a node equals the simulator's memory while
 that node runs (alive values + all its outputs + its overhead), which tests check.
+
+Why it evaluates before it applies (issue 7): the annealer rejects most mutations, so applying a
+mutation and undoing it wasted most of its time. A mutation is a handful of range additions
+("deltas") to the memory profile; :meth:`SlotState.add_deltas` / :meth:`remove_deltas` list
+them without touching the state, :meth:`peak_bound` gives a lower bound of the new peak in a few
+Python operations (the current peak slot plus the deltas that cover it), :meth:`peak_with` the
+exact new peak (a NumPy window), and :meth:`commit_add` / :meth:`commit_remove` apply them. The
+profile is a NumPy array rather than the pure-Python add-max segment tree
+(:mod:`fastsa_segtree`, kept as a reference): a slice addition costs about a microsecond
+whatever its length, and the peak is refreshed once per applied mutation.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 
-from hiremate.solvers.fastsa_segtree import AddMaxSegmentTree
+import numpy as np
 
 NOP = -1
 
@@ -53,8 +63,12 @@ class NodeTable:
         return len(self.ins)
 
 
+Delta = tuple[int, int, int]
+"""``(lo, hi, s)``: add ``s`` bytes to the memory of every slot in ``[lo, hi)``."""
+
+
 class SlotState:
-    """Slots, per-value production/use lists, the memory tree and the total cost."""
+    """Slots, per-value production/use lists, the memory profile, its peak and the total cost."""
 
     def __init__(self, table: NodeTable, order: list[int], n_data: int, sizes: list[int],
                  kept: list[bool], loss_node: int, gap: int = 3):
@@ -66,7 +80,15 @@ class SlotState:
         self.uses: list[list[int]] = [[] for _ in range(n_data)]
         self.size = sizes
         self.kept = kept
-        self.tree = AddMaxSegmentTree(self.T)
+        # inputs/outputs that hold memory, each once (a node may read one value twice)
+        self.sized_ins = [tuple(dict.fromkeys(d for d in ins if sizes[d])) for ins in table.ins]
+        self.sized_outs = [tuple(dict.fromkeys(d for d in outs if sizes[d]))
+                           for outs in table.outs]
+        self.out_bytes = [sum(sizes[d] for d in outs) for outs in self.sized_outs]
+        self.mem = np.zeros(self.T, dtype=np.int64)
+        self.peak = 0          # max(mem), kept current by every commit
+        self.peak_at = 0       # a slot where mem reaches the peak
+        self.new_at = 0        # set by peak_with
         self.cost = 0.0
         self.loss_slot = -1
         for i, x in enumerate(order):
@@ -77,7 +99,8 @@ class SlotState:
 
     # -- lifetimes ---------------------------------------------------------------------------
     def copy_end(self, d: int, p: int) -> int:
-        """Last slot of the copy of ``d`` produced at slot ``p``."""
+        """Last slot of the copy of ``d`` produced at slot ``p`` (``p`` need not be in the
+        production list: then the copy that a production at ``p`` would start)."""
         prods = self.prods[d]
         k = bisect_right(prods, p)
         if k < len(prods):
@@ -104,6 +127,18 @@ class SlotState:
                 return False
         return True
 
+    def first_slot(self, x: int) -> int:
+        """The first slot where ``x`` may be added (``can_add(x, t)`` iff ``t >=`` it)."""
+        lo = self.loss_slot + 1 if self.table.after_loss[x] else 0
+        prods = self.prods
+        for d in self.table.ins[x]:
+            p = prods[d]
+            if not p:
+                return self.T
+            if p[0] >= lo:
+                lo = p[0] + 1
+        return lo
+
     def can_remove(self, x: int, t: int, extra: int = -1) -> bool:
         """Removing ``x`` from slot ``t`` leaves every read of its outputs satisfied.
 
@@ -125,86 +160,264 @@ class SlotState:
                 return False
         return True
 
-    # -- mutations (exact inverses of each other) --------------------------------------------
-    def add(self, x: int, t: int) -> None:
-        self.seq[t] = x
-        table = self.table
-        tree_add = self.tree.add
-        size = self.size
-        copy_end = self.copy_end
-        for d in table.ins[x]:
-            s = size[d]
-            if s:
-                # a new reader at t extends the copy that covers t up to t, if it ended before
-                prods = self.prods[d]
-                e0 = copy_end(d, prods[bisect_left(prods, t) - 1])
-                if t > e0:
-                    tree_add(e0 + 1, t + 1, s)
-            insort(self.uses[d], t)
-        for d in table.outs[x]:
-            s = size[d]
-            prods = self.prods[d]
-            k = bisect_left(prods, t)
-            if s and k:
-                p = prods[k - 1]
-                e0 = copy_end(d, p)
-                prods.insert(k, t)
-                if e0 >= t:  # the earlier copy now ends at its last reader before t
-                    e1 = copy_end(d, p)
-                    tree_add(e1 + 1, e0 + 1, -s)
-            else:
-                prods.insert(k, t)
-            if s:
-                tree_add(t, copy_end(d, t) + 1, s)
-        ov = table.overhead[x]
-        if ov:
-            tree_add(t, t + 1, ov)
-        self.cost += table.cost[x]
+    # -- deltas of a mutation, without applying it -------------------------------------------
+    # The lifetime rule of ``copy_end`` is inlined below (this is the annealer's hot path).
+    def add_deltas(self, x: int, t: int) -> list[Delta]:
+        """Memory changes of placing ``x`` at the free slot ``t`` (``can_add`` must hold).
 
-    def remove(self, x: int, t: int) -> None:
-        self.seq[t] = NOP
-        table = self.table
-        tree_add = self.tree.add
-        size = self.size
-        copy_end = self.copy_end
-        for d in table.outs[x]:
-            s = size[d]
-            prods = self.prods[d]
+        All of them lie on slots ``<= t`` except the new copies of outputs read after ``t``,
+        which only add memory; the outputs' negative changes lie on slots ``< t``.
+        """
+        out: list[Delta] = []
+        prods_of, uses_of, size, kept = self.prods, self.uses, self.size, self.kept
+        T = self.T
+        for d in self.sized_ins[x]:
+            # the copy covering t now lives at least up to t
+            prods = prods_of[d]
             k = bisect_left(prods, t)
-            if s:
-                tree_add(t, copy_end(d, t) + 1, -s)
-                if k:
-                    p = prods[k - 1]
-                    e0 = copy_end(d, p)
-                    del prods[k]
-                    e1 = copy_end(d, p)
-                    if e1 > e0:
-                        tree_add(e0 + 1, e1 + 1, s)
-                    continue
-            del prods[k]
-        for d in table.ins[x]:
-            s = size[d]
-            uses = self.uses[d]
-            if s:
-                prods = self.prods[d]
-                p = prods[bisect_left(prods, t) - 1]
-                e0 = copy_end(d, p)
-                del uses[bisect_left(uses, t)]
-                if e0 == t:  # t was the last reader of that copy: it now ends earlier
-                    e1 = copy_end(d, p)
-                    tree_add(e1 + 1, e0 + 1, -s)
+            p = prods[k - 1]
+            if k < len(prods):
+                nxt = prods[k]
+            elif kept[d]:
+                continue  # lives to the end already
             else:
-                del uses[bisect_left(uses, t)]
-        ov = table.overhead[x]
+                nxt = T
+            uses = uses_of[d]
+            j = bisect_left(uses, nxt) - 1
+            e0 = uses[j] if j >= 0 and uses[j] > p else p
+            if t > e0:
+                out.append((e0 + 1, t + 1, size[d]))
+        for d in self.sized_outs[x]:
+            s = size[d]
+            prods = prods_of[d]
+            k = bisect_left(prods, t)
+            uses = uses_of[d]
+            if k < len(prods):
+                nxt = prods[k]
+                last_copy = False
+            else:
+                nxt = T
+                last_copy = kept[d]
+            j = bisect_left(uses, nxt) - 1
+            last_use = uses[j] if j >= 0 else -1   # last reader before the next production
+            if k:
+                p = prods[k - 1]
+                if last_copy or last_use > t:
+                    # the earlier copy covered t and the readers up to the next production; it
+                    # now ends at its last reader before t (or at p) and the new copy takes
+                    # over from t with the same end: memory drops on (e1, t) only
+                    i = bisect_left(uses, t) - 1
+                    e1 = uses[i] if i >= 0 and uses[i] > p else p
+                    if e1 + 1 < t:
+                        out.append((e1 + 1, t, -s))
+                    continue
+            # the new copy lives from t to its last reader (no earlier copy reached t)
+            if last_copy:
+                out.append((t, T, s))
+            else:
+                out.append((t, (last_use if last_use > t else t) + 1, s))
+        ov = self.table.overhead[x]
         if ov:
-            tree_add(t, t + 1, -ov)
-        self.cost -= table.cost[x]
+            out.append((t, t + 1, ov))
+        return out
+
+    def remove_deltas(self, x: int, t: int) -> list[Delta] | None:
+        """Memory changes of removing ``x`` from slot ``t``, or None when the removal is invalid
+        (``can_remove(x, t)`` is false: some reader of an output would lose its copy)."""
+        out: list[Delta] = []
+        prods_of, uses_of, size, kept = self.prods, self.uses, self.size, self.kept
+        T = self.T
+        for d in self.table.outs[x]:
+            s = size[d]
+            prods = prods_of[d]
+            k = bisect_left(prods, t)
+            uses = uses_of[d]
+            if k + 1 < len(prods):
+                nxt = prods[k + 1]
+                last_copy = False
+            else:
+                nxt = T
+                last_copy = kept[d]
+            j = bisect_left(uses, nxt) - 1
+            last_use = uses[j] if j >= 0 else -1
+            if k:
+                # the earlier copy (ending at e0) now serves the removed copy's readers: memory
+                # rises on (e0, t) when the removed copy was read or must survive
+                p = prods[k - 1]
+                if last_copy or last_use > t:
+                    i = bisect_left(uses, t) - 1
+                    e0 = uses[i] if i >= 0 and uses[i] > p else p
+                    if s and e0 + 1 < t:
+                        out.append((e0 + 1, t, s))
+                    continue
+            elif last_copy or last_use > t:
+                return None  # the only copy before a read (or a value that must survive)
+            if s:
+                out.append((t, T if last_copy else (last_use if last_use > t else t) + 1, -s))
+        for d in self.sized_ins[x]:
+            prods = prods_of[d]
+            k = bisect_left(prods, t)
+            p = prods[k - 1]
+            if k < len(prods):
+                nxt = prods[k]
+            elif kept[d]:
+                continue  # the last copy of a value that must survive keeps its slots
+            else:
+                nxt = T
+            uses = uses_of[d]
+            j = bisect_left(uses, nxt) - 1
+            if uses[j] == t:
+                # t was the last reader of that copy: it now ends at the reader before t
+                i = bisect_left(uses, t) - 1
+                e1 = uses[i] if i >= 0 and uses[i] > p else p
+                out.append((e1 + 1, t + 1, -size[d]))
+        ov = self.table.overhead[x]
+        if ov:
+            out.append((t, t + 1, -ov))
+        return out
+
+    def move_deltas(self, x: int, t1: int, t2: int) -> list[Delta]:
+        """Memory changes of moving ``x`` from ``t1`` to the free slot ``t2`` (both checks
+        must hold); the lists are edited for the intermediate state and restored."""
+        first = self.add_deltas(x, t2)
+        self._lists_add(x, t2)
+        second = self.remove_deltas(x, t1)
+        self._lists_remove(x, t2)
+        return first + second
+
+    # -- the peak after a mutation ---------------------------------------------------------
+    def peak_bound(self, deltas: list[Delta]) -> int:
+        """A lower bound of the peak after ``deltas``: the new memory at the current peak slot.
+
+        Exact at that slot, so the new peak is at least this; a few Python operations.
+        """
+        at = self.peak_at
+        m = self.peak
+        for lo, hi, s in deltas:
+            if lo <= at < hi:
+                m += s
+        return m
+
+    def peak_bounds(self, deltas: list[Delta]) -> tuple[int, int]:
+        """``(lower, upper)`` bounds of the peak after ``deltas``: the new memory at the current
+        peak slot, and the current peak plus every positive change."""
+        at = self.peak_at
+        lower = upper = self.peak
+        for lo, hi, s in deltas:
+            if lo <= at < hi:
+                lower += s
+            if s > 0:
+                upper += s
+        return lower, upper
+
+    def peak_with(self, deltas: list[Delta]) -> int:
+        """The exact peak after ``deltas``, without applying them; a slot where it is reached
+        is left in ``self.new_at`` (so that committing them needs no scan of the profile)."""
+        if not deltas:
+            self.new_at = self.peak_at
+            return self.peak
+        mem = self.mem
+        if len(deltas) == 1:
+            lo, hi, s = deltas[0]
+            window = mem[lo:hi]
+            i = int(window.argmax())
+            local = int(window[i]) + s
+        else:
+            lo, hi = self.T, 0
+            for a, b, _ in deltas:
+                if a < lo:
+                    lo = a
+                if b > hi:
+                    hi = b
+            window = mem[lo:hi].copy()
+            for a, b, s in deltas:
+                window[a - lo:b - lo] += s
+            i = int(window.argmax())
+            local = int(window[i])
+        peak = self.peak
+        if local >= peak:
+            self.new_at = lo + i
+            return local
+        if not lo <= self.peak_at < hi:
+            self.new_at = self.peak_at
+            return peak
+        # the old peak slot is in the window and went down: the rest of the profile decides
+        at = lo + i
+        if lo:
+            j = int(mem[:lo].argmax())
+            v = int(mem[j])
+            if v > local:
+                local, at = v, j
+        if hi < self.T:
+            j = hi + int(mem[hi:].argmax())
+            v = int(mem[j])
+            if v > local:
+                local, at = v, j
+        self.new_at = at
+        return local
+
+    # -- mutations (exact inverses of each other) --------------------------------------------
+    def _apply(self, deltas: list[Delta], refresh: bool) -> None:
+        """Add ``deltas`` to the profile; without ``refresh`` the caller sets ``peak`` and
+        ``peak_at`` (e.g. from :meth:`peak_with`)."""
+        mem = self.mem
+        for lo, hi, s in deltas:
+            mem[lo:hi] += s
+        if refresh:
+            self.refresh_peak()
+
+    def refresh_peak(self) -> None:
+        """Recompute the cached peak and its slot from the profile."""
+        at = int(self.mem.argmax())
+        self.peak_at = at
+        self.peak = int(self.mem[at])
+
+    def _lists_add(self, x: int, t: int) -> None:
+        uses_of, prods_of = self.uses, self.prods
+        for d in self.table.ins[x]:
+            insort(uses_of[d], t)
+        for d in self.table.outs[x]:
+            insort(prods_of[d], t)
+
+    def _lists_remove(self, x: int, t: int) -> None:
+        uses_of, prods_of = self.uses, self.prods
+        for d in self.table.outs[x]:
+            prods = prods_of[d]
+            del prods[bisect_left(prods, t)]
+        for d in self.table.ins[x]:
+            uses = uses_of[d]
+            del uses[bisect_left(uses, t)]
+
+    def commit_add(self, x: int, t: int, deltas: list[Delta], refresh: bool = True) -> None:
+        """Place ``x`` at ``t``; ``deltas`` must be ``add_deltas(x, t)`` of the current state."""
+        self.seq[t] = x
+        self._lists_add(x, t)
+        self.cost += self.table.cost[x]
+        self._apply(deltas, refresh)
+
+    def commit_remove(self, x: int, t: int, deltas: list[Delta], refresh: bool = True) -> None:
+        """Remove ``x`` from ``t``; ``deltas`` must be ``remove_deltas(x, t)``."""
+        self.seq[t] = NOP
+        self._lists_remove(x, t)
+        self.cost -= self.table.cost[x]
+        self._apply(deltas, refresh)
+
+    def commit_move(self, x: int, t1: int, t2: int, deltas: list[Delta],
+                    refresh: bool = True) -> None:
+        """Move ``x`` from ``t1`` to ``t2``; ``deltas`` must be ``move_deltas(x, t1, t2)``."""
+        self.seq[t2] = x
+        self.seq[t1] = NOP
+        self._lists_add(x, t2)
+        self._lists_remove(x, t1)
+        self._apply(deltas, refresh)
+
+    def add(self, x: int, t: int, refresh: bool = True) -> None:
+        self.commit_add(x, t, self.add_deltas(x, t), refresh)
+
+    def remove(self, x: int, t: int, refresh: bool = True) -> None:
+        self.commit_remove(x, t, self.remove_deltas(x, t), refresh)
 
     # -- views -------------------------------------------------------------------------------
-    @property
-    def peak(self) -> int:
-        return self.tree.max()
-
     def order(self) -> list[int]:
         """Placed node indices, in slot order."""
         return [x for x in self.seq if x != NOP]

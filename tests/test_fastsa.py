@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 import hiremate
 from hiremate.errors import InfeasibleBudgetError
 from hiremate.schedule import Compute
-from hiremate.solvers.fastsa import FASTSA_SOLVERS, FastSA, group_nodes, primitive_table
+from hiremate.solvers import fastsa
+from hiremate.solvers.fastsa import (FASTSA_SOLVERS, FastSA, _needed_nodes, group_nodes,
+                                     primitive_table)
 from hiremate.solvers.fastsa_segtree import AddMaxSegmentTree
 from hiremate.solvers.fastsa_state import NOP, SlotState
 from hiremate.solvers.remat_sequence import sequence_to_schedule
@@ -48,47 +50,75 @@ def _state(g, table, order, gap=3):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 15))
 def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
-    """After every valid add/remove/move the tree's peak is the simulator's peak."""
+    """After every valid add/remove/move the profile's peak is the simulator's peak, and the
+    deltas predicted before each mutation give that peak exactly (and a bound below it)."""
     g = random_graph(seed, n)
     table = primitive_table(g)
     state = _state(g, table, list(range(len(g))))
     rng = random.Random(seed)
     pool = [x for x in range(len(table)) if not table.movable_only[x]]
+    needed = _needed_nodes(table)
     for _ in range(60):
         kind = rng.random()
         if kind < 0.4 and pool:
             x, t = rng.choice(pool), rng.randrange(state.T)
             if state.seq[t] == NOP and state.can_add(x, t):
+                deltas = state.add_deltas(x, t)
+                predicted, bound = state.peak_with(deltas), state.peak_bound(deltas)
+                if t <= state.peak_at:  # the annealer's cost-only bound for adds
+                    assert predicted >= state.peak
+                else:
+                    assert predicted >= state.peak - state.out_bytes[x]
                 state.add(x, t)
+                assert state.peak == predicted and bound <= predicted
         elif kind < 0.7:
             t = rng.randrange(state.T)
             x = state.seq[t]
             if x != NOP and not table.movable_only[x] and state.can_remove(x, t):
+                deltas = state.remove_deltas(x, t)
+                predicted, bound = state.peak_with(deltas), state.peak_bound(deltas)
                 state.remove(x, t)
+                assert state.peak == predicted and bound <= predicted
         else:
             t1, t2 = rng.randrange(state.T), rng.randrange(state.T)
             x = state.seq[t1]
             if (x != NOP and t1 != state.loss_slot and state.seq[t2] == NOP
                     and state.can_add(x, t2) and state.can_remove(x, t1, t2)):
+                deltas = state.move_deltas(x, t1, t2)
+                predicted, bound = state.peak_with(deltas), state.peak_bound(deltas)
+                before = state.mem.copy()
                 state.add(x, t2)
                 state.remove(x, t1)
+                after = state.mem.copy()
+                state.mem[:] = before
+                state.commit_move(x, t2, t1, [])  # undo the lists, keep mem
+                state.commit_move(x, t1, t2, deltas)
+                assert state.mem.tolist() == after.tolist()
+                assert state.peak == predicted and bound <= predicted
         res = hiremate.simulate(g, sequence_to_schedule(g, state.order()))
         assert res.valid, res.error
         assert state.peak == res.peak
+        assert state.mem[state.peak_at] == state.peak
+        # the annealer never proposes removing the only copy of a needed node: always invalid
+        for t in range(state.T):
+            x = state.seq[t]
+            if x != NOP and needed[x] and state.seq.count(x) == 1:
+                assert not state.can_remove(x, t) and state.remove_deltas(x, t) is None
         assert state.cost == pytest.approx(res.time)
 
 
-def test_add_then_remove_restores_the_tree():
+def test_add_then_remove_restores_the_profile():
     g = random_graph(7, 20)
     table = primitive_table(g)
     state = _state(g, table, list(range(len(g))))
-    before = list(state.tree.mx)
+    before = state.mem.tolist()
     x = next(i for i in range(len(table)) if not table.movable_only[i])
     t = next(t for t in range(state.T) if state.seq[t] == NOP and state.can_add(x, t)
              and t > state.seq.index(x))
     state.add(x, t)
+    assert state.mem.tolist() != before  # the recomputation holds memory somewhere
     state.remove(x, t)
-    assert state.tree.mx == before
+    assert state.mem.tolist() == before
 
 
 def test_grouping_keeps_a_valid_sequence_and_recomputes_cheap_nodes():
@@ -171,3 +201,31 @@ def test_registry_and_applicable():
     assert FASTSA_SOLVERS["fastsa"] is FastSA
     assert FastSA().applicable(random_graph(0, 5))
     assert not FastSA(max_nodes=3).applicable(random_graph(0, 5))
+
+
+class _NoBoundState(SlotState):
+    """A state whose bounds never decide: every decision comes from the exact peak."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.out_bytes = [1 << 60] * len(self.out_bytes)
+
+    def peak_bounds(self, deltas):
+        return -(1 << 60), 1 << 60
+
+
+@pytest.mark.parametrize("frac", [0.05, 0.6])
+def test_early_rejection_changes_no_decision(monkeypatch, frac):
+    """The bounds only skip work: with them disabled, FastSA takes the same path."""
+    g = random_graph(4, 40)
+    budget = int(frac * autodiff_peak(g))
+    kw = dict(seed=3, iters_grouped=8_000, iters_fine=8_000, time_limit=1e9)
+    fast = FastSA(**kw)
+    a = fast.solve(g, budget)
+    monkeypatch.setattr(fastsa, "SlotState", _NoBoundState)
+    slow = FastSA(**kw)
+    b = slow.solve(g, budget)
+    assert a == b
+    assert [(s.attempts, s.evaluated, s.accepted) for s in fast.last_stats] == \
+        [(s.attempts, s.evaluated, s.accepted) for s in slow.last_stats]
+    assert sum(s.bounded for s in fast.last_stats) > sum(s.bounded for s in slow.last_stats)
