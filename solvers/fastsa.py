@@ -250,7 +250,8 @@ class FastSA:
         add_deltas, remove_deltas = state.add_deltas, state.remove_deltas
         commit_add, commit_remove = state.commit_add, state.commit_remove
         peak_bounds, peak_with = state.peak_bounds, state.peak_with
-        move_deltas, commit_move = state.move_deltas, state.commit_move
+        move_begin, move_abort = state.move_begin, state.move_abort
+        commit_move = state.commit_move
         cost = table.cost
         out_bytes = state.out_bytes
         first_slot = state.first_slot
@@ -350,20 +351,22 @@ class FastSA:
                     continue
                 evaluated += 1
                 g_max = f - temp * log(1.0 - rand())
-                deltas = move_deltas(x, t1, t2)
+                deltas = move_begin(x, t1, t2)
                 c = state.cost
-                m, ub = peak_bounds(deltas)
+                m, ub = peak_bounds(deltas, True)
                 if (budget if budget > m else m) * c > g_max:
                     bounded += 1
+                    move_abort(x, t2)
                     continue
                 if (budget if budget > ub else ub) * c > g_max:
                     m = peak_with(deltas)
                     if (budget if budget > m else m) * c > g_max:
+                        move_abort(x, t2)
                         continue
-                    commit_move(x, t1, t2, deltas, False)
+                    commit_move(x, t1, t2, deltas, False, True)
                     state.peak, state.peak_at = m, state.new_at
                 else:
-                    commit_move(x, t1, t2, deltas)
+                    commit_move(x, t1, t2, deltas, True, True)
                 m = state.peak
                 f = (budget if budget > m else m) * c
                 accepted += 1

@@ -67,6 +67,30 @@ Delta = tuple[int, int, int]
 """``(lo, hi, s)``: add ``s`` bytes to the memory of every slot in ``[lo, hi)``."""
 
 
+def compact(deltas: list[Delta]) -> list[Delta]:
+    """The same memory change as disjoint ranges with non-zero values, adjacent equal ones
+    merged. A move's two halves mostly cancel (the new copy replaces the old one), so this
+    leaves fewer ranges to apply and a tighter :meth:`SlotState.peak_bounds` upper bound."""
+    if len(deltas) < 2:
+        return deltas
+    ev: dict[int, int] = {}
+    for a, b, s in deltas:
+        ev[a] = ev.get(a, 0) + s
+        ev[b] = ev.get(b, 0) - s
+    out: list[Delta] = []
+    cur = 0
+    start = 0
+    for pos in sorted(ev):
+        step = ev[pos]
+        if not step:
+            continue
+        if cur:
+            out.append((start, pos, cur))
+        cur += step
+        start = pos
+    return out
+
+
 class SlotState:
     """Slots, per-value production/use lists, the memory profile, its peak and the total cost."""
 
@@ -277,13 +301,21 @@ class SlotState:
         return out
 
     def move_deltas(self, x: int, t1: int, t2: int) -> list[Delta]:
-        """Memory changes of moving ``x`` from ``t1`` to the free slot ``t2`` (both checks
-        must hold); the lists are edited for the intermediate state and restored."""
+        """Memory changes of moving ``x`` from ``t1`` to the free slot ``t2`` (``can_add(x,
+        t2)`` and ``can_remove(x, t1, t2)`` must hold), without changing the state."""
+        deltas = self.move_begin(x, t1, t2)
+        self.move_abort(x, t2)
+        return deltas
+
+    def move_begin(self, x: int, t1: int, t2: int) -> list[Delta]:
+        """Like :meth:`move_deltas`, but leaves the lists with ``x`` at both slots; end with
+        :meth:`move_abort` or :meth:`commit_move` (saves a list round trip per move)."""
         first = self.add_deltas(x, t2)
         self._lists_add(x, t2)
-        second = self.remove_deltas(x, t1)
+        return compact(first + self.remove_deltas(x, t1))
+
+    def move_abort(self, x: int, t2: int) -> None:
         self._lists_remove(x, t2)
-        return first + second
 
     # -- the peak after a mutation ---------------------------------------------------------
     def peak_bound(self, deltas: list[Delta]) -> int:
@@ -298,17 +330,23 @@ class SlotState:
                 m += s
         return m
 
-    def peak_bounds(self, deltas: list[Delta]) -> tuple[int, int]:
+    def peak_bounds(self, deltas: list[Delta], disjoint: bool = False) -> tuple[int, int]:
         """``(lower, upper)`` bounds of the peak after ``deltas``: the new memory at the current
-        peak slot, and the current peak plus every positive change."""
+        peak slot, and the current peak plus every positive change (plus only the largest one
+        when the ranges are ``disjoint``, as :func:`compact` leaves them)."""
         at = self.peak_at
-        lower = upper = self.peak
+        lower = self.peak
+        rise = 0
         for lo, hi, s in deltas:
             if lo <= at < hi:
                 lower += s
             if s > 0:
-                upper += s
-        return lower, upper
+                if disjoint:
+                    if s > rise:
+                        rise = s
+                else:
+                    rise += s
+        return lower, self.peak + rise
 
     def peak_with(self, deltas: list[Delta]) -> int:
         """The exact peak after ``deltas``, without applying them; a slot where it is reached
@@ -403,11 +441,13 @@ class SlotState:
         self._apply(deltas, refresh)
 
     def commit_move(self, x: int, t1: int, t2: int, deltas: list[Delta],
-                    refresh: bool = True) -> None:
-        """Move ``x`` from ``t1`` to ``t2``; ``deltas`` must be ``move_deltas(x, t1, t2)``."""
+                    refresh: bool = True, begun: bool = False) -> None:
+        """Move ``x`` from ``t1`` to ``t2``; ``deltas`` must be ``move_deltas(x, t1, t2)``
+        (``begun``: they came from :meth:`move_begin`, whose list edit is kept)."""
         self.seq[t2] = x
         self.seq[t1] = NOP
-        self._lists_add(x, t2)
+        if not begun:
+            self._lists_add(x, t2)
         self._lists_remove(x, t1)
         self._apply(deltas, refresh)
 

@@ -77,6 +77,7 @@ def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
             if x != NOP and not table.movable_only[x] and state.can_remove(x, t):
                 deltas = state.remove_deltas(x, t)
                 predicted, bound = state.peak_with(deltas), state.peak_bound(deltas)
+                assert predicted <= state.peak_bounds(deltas)[1]
                 state.remove(x, t)
                 assert state.peak == predicted and bound <= predicted
         else:
@@ -86,6 +87,8 @@ def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
                     and state.can_add(x, t2) and state.can_remove(x, t1, t2)):
                 deltas = state.move_deltas(x, t1, t2)
                 predicted, bound = state.peak_with(deltas), state.peak_bound(deltas)
+                lower, upper = state.peak_bounds(deltas, disjoint=True)
+                assert lower == bound <= predicted <= upper
                 before = state.mem.copy()
                 state.add(x, t2)
                 state.remove(x, t1)
@@ -210,7 +213,7 @@ class _NoBoundState(SlotState):
         super().__init__(*args, **kwargs)
         self.out_bytes = [1 << 60] * len(self.out_bytes)
 
-    def peak_bounds(self, deltas):
+    def peak_bounds(self, deltas, disjoint=False):
         return -(1 << 60), 1 << 60
 
 
