@@ -254,7 +254,7 @@ class FastSA:
         commit_move = state.commit_move
         cost = table.cost
         out_bytes = state.out_bytes
-        first_slot = state.first_slot
+        first_slot, first_cache = state.first_slot, state.first_cache
         pool = [x for x in range(len(table)) if not table.movable_only[x]]
         fixed = table.movable_only
         loss_slot = state.loss_slot
@@ -306,7 +306,9 @@ class FastSA:
                     continue
                 x = pool[int(rand() * npool)]
                 # a uniform slot after the first production of every input of x
-                lo = first_slot(x)
+                lo = first_cache[x]
+                if lo < 0:
+                    lo = first_slot(x)
                 if lo >= T:
                     continue
                 t = lo + int(rand() * (T - lo))
@@ -340,7 +342,9 @@ class FastSA:
                 t1 = placed[int(rand() * len(placed))]
                 x = seq[t1]
                 # a uniform slot of the window that is after the inputs' first productions
-                a = first_slot(x)
+                a = first_cache[x]
+                if a < 0:
+                    a = first_slot(x)
                 if a < t1 - window:
                     a = t1 - window
                 b = t1 + window + 1
@@ -365,6 +369,9 @@ class FastSA:
                         continue
                     commit_move(x, t1, t2, deltas, False, True)
                     state.peak, state.peak_at = m, state.new_at
+                elif m == ub:  # the bounds meet: the peak stays at its slot, same value
+                    commit_move(x, t1, t2, deltas, False, True)
+                    state.peak = m
                 else:
                     commit_move(x, t1, t2, deltas, True, True)
                 m = state.peak
@@ -385,15 +392,21 @@ class FastSA:
             if (budget if budget > m else m) * c_new > g_max:
                 bounded += 1
                 continue
-            # the exact peak is needed only when the upper bound does not already accept
-            exact = (budget if budget > ub else ub) * c_new > g_max
-            if exact:
+            # the exact peak is needed only when the upper bound does not already accept;
+            # ``known``: the new peak (m) and its slot (state.new_at) are known
+            if m == ub:  # the bounds meet: the new peak is m, at the same slot
+                known = True
+                state.new_at = state.peak_at
+            elif (budget if budget > ub else ub) * c_new > g_max:
+                known = True
                 m = peak_with(deltas)
                 if (budget if budget > m else m) * c_new > g_max:
                     continue
+            else:
+                known = False
             accepted += 1
             if adding:
-                commit_add(x, t, deltas, not exact)
+                commit_add(x, t, deltas, not known)
                 copies = slots_of.setdefault(x, [])
                 copies.append(t)
                 for u in copies:
@@ -403,14 +416,14 @@ class FastSA:
                 ppos[t] = len(placed)
                 placed.append(t)
             else:
-                commit_remove(x, t, deltas, not exact)
+                commit_remove(x, t, deltas, not known)
                 copies = slots_of[x]
                 copies.remove(t)
                 drop(removable, rpos, t)
                 drop(placed, ppos, t)
                 if len(copies) == 1 and needed[x]:
                     drop(removable, rpos, copies[0])
-            if exact:
+            if known:
                 state.peak, state.peak_at = m, state.new_at
             m = state.peak
             f = (budget if budget > m else m) * c_new

@@ -109,6 +109,14 @@ class SlotState:
         self.sized_outs = [tuple(dict.fromkeys(d for d in outs if sizes[d]))
                            for outs in table.outs]
         self.out_bytes = [sum(sizes[d] for d in outs) for outs in self.sized_outs]
+        producer = {d: x for x in range(len(table)) for d in table.outs[x]}
+        readers: list[set[int]] = [set() for _ in range(len(table))]
+        for y in range(len(table)):
+            for d in table.ins[y]:
+                if d in producer:
+                    readers[producer[d]].add(y)
+        self.readers = [tuple(sorted(r)) for r in readers]
+        self.first_cache = [-1] * len(table)
         self.mem = np.zeros(self.T, dtype=np.int64)
         self.peak = 0          # max(mem), kept current by every commit
         self.peak_at = 0       # a slot where mem reaches the peak
@@ -152,7 +160,14 @@ class SlotState:
         return True
 
     def first_slot(self, x: int) -> int:
-        """The first slot where ``x`` may be added (``can_add(x, t)`` iff ``t >=`` it)."""
+        """The first slot where ``x`` may be added (``can_add(x, t)`` iff ``t >=`` it).
+
+        Cached in ``first_cache`` (-1: unknown); a commit that places, removes or moves a node
+        forgets the entries of the nodes that read its outputs.
+        """
+        lo = self.first_cache[x]
+        if lo >= 0:
+            return lo
         lo = self.loss_slot + 1 if self.table.after_loss[x] else 0
         prods = self.prods
         for d in self.table.ins[x]:
@@ -161,7 +176,13 @@ class SlotState:
                 return self.T
             if p[0] >= lo:
                 lo = p[0] + 1
+        self.first_cache[x] = lo
         return lo
+
+    def _forget_first(self, x: int) -> None:
+        cache = self.first_cache
+        for y in self.readers[x]:
+            cache[y] = -1
 
     def can_remove(self, x: int, t: int, extra: int = -1) -> bool:
         """Removing ``x`` from slot ``t`` leaves every read of its outputs satisfied.
@@ -431,6 +452,7 @@ class SlotState:
         self.seq[t] = x
         self._lists_add(x, t)
         self.cost += self.table.cost[x]
+        self._forget_first(x)
         self._apply(deltas, refresh)
 
     def commit_remove(self, x: int, t: int, deltas: list[Delta], refresh: bool = True) -> None:
@@ -438,6 +460,7 @@ class SlotState:
         self.seq[t] = NOP
         self._lists_remove(x, t)
         self.cost -= self.table.cost[x]
+        self._forget_first(x)
         self._apply(deltas, refresh)
 
     def commit_move(self, x: int, t1: int, t2: int, deltas: list[Delta],
@@ -449,6 +472,7 @@ class SlotState:
         if not begun:
             self._lists_add(x, t2)
         self._lists_remove(x, t1)
+        self._forget_first(x)
         self._apply(deltas, refresh)
 
     def add(self, x: int, t: int, refresh: bool = True) -> None:

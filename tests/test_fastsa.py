@@ -102,6 +102,9 @@ def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
         assert res.valid, res.error
         assert state.peak == res.peak
         assert state.mem[state.peak_at] == state.peak
+        y = rng.randrange(len(table))  # the cached first valid slot of a node is current
+        first = state.first_slot(y)
+        assert all(state.can_add(y, t) == (t >= first) for t in range(state.T))
         # the annealer never proposes removing the only copy of a needed node: always invalid
         for t in range(state.T):
             x = state.seq[t]
