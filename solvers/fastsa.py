@@ -51,7 +51,8 @@ class AnnealStats:
     accept/reject decision was made (exactly: either from the new objective, or because a lower
     bound of it already exceeded the accepted threshold); ``bounded``: those of ``evaluated``
     rejected from the bound alone; ``accepted``; ``seconds``: wall time of the run;
-    ``cpu_seconds``: this process's CPU time over the run (less sensitive to a shared machine).
+    ``cpu_seconds``: this process's CPU time over the run (less sensitive to a shared machine);
+    ``best``: the cheapest sequence within the budget the run visited (table indices), if any.
     """
 
     attempts: int = 0
@@ -60,6 +61,7 @@ class AnnealStats:
     bounded: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    best: list[int] | None = None
 
     @property
     def attempts_per_s(self) -> float:
@@ -289,6 +291,9 @@ class FastSA:
         start = time.perf_counter()
         cpu_start = time.process_time()
         f = max(budget, state.peak) * state.cost
+        # the cheapest state within the budget that the walk visits (it may walk out again)
+        best: list[int] | None = seq[:] if state.peak <= budget else None
+        best_cost = state.cost if best is not None else math.inf
         log_ratio = math.log(temp1 / temp0) if temp0 > 0 and temp1 > 0 else 0.0
         temp = temp0
         npool = len(pool)
@@ -376,6 +381,8 @@ class FastSA:
                     commit_move(x, t1, t2, deltas, True, True)
                 m = state.peak
                 f = (budget if budget > m else m) * c
+                if m <= budget and state.cost < best_cost:
+                    best_cost, best = state.cost, seq[:]
                 accepted += 1
                 i = ppos.pop(t1)
                 placed[i] = t2
@@ -427,7 +434,10 @@ class FastSA:
                 state.peak, state.peak_at = m, state.new_at
             m = state.peak
             f = (budget if budget > m else m) * c_new
+            if m <= budget and state.cost < best_cost:
+                best_cost, best = state.cost, seq[:]
         stats.attempts, stats.evaluated, stats.accepted = attempts, evaluated, accepted
+        stats.best = [x for x in best if x != NOP] if best is not None else None
         stats.bounded = bounded
         stats.seconds = time.perf_counter() - start
         stats.cpu_seconds = time.process_time() - cpu_start
@@ -461,10 +471,14 @@ class FastSA:
         st2 = self.anneal(fine, budget, self.iters_fine, t_fine, 1e-4 * t_fine, rng, False,
                           max(deadline, time.perf_counter() + 0.1 * self.time_limit))
         self.last_stats.append(st2)
-        # the graph's own order (store-all with eager frees) is a candidate too: annealing ends
-        # where its random walk stops, not at the best state it visited, so without it FastSA
-        # could refuse a budget that the unmodified sequence meets
+        # candidates: where each annealing stopped, the cheapest in-budget state each visited
+        # (a walk can leave the budget again near its end), and the graph's own order
+        # (store-all with eager frees), so FastSA never refuses a budget that order meets
         candidates = [flat, fine.order(), list(range(len(graph.nodes)))]
+        if st.best is not None:
+            candidates.append([m for x in st.best for m in table.members[x]])
+        if st2.best is not None:
+            candidates.append(st2.best)
         best: tuple | None = None
         for seq in candidates:
             res = simulate(graph, sequence_to_schedule(graph, seq))
