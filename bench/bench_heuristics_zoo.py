@@ -29,6 +29,7 @@ import time
 from typing import Callable
 
 FRACTIONS = (0.3, 0.5, 0.7)
+COLUMNS = ("twremat", "fastsa", "flat", "hier")
 
 
 def build(name: str):
@@ -76,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top-time", type=float, default=30.0)
     ap.add_argument("--fastsa-time", type=float, default=20.0)
     ap.add_argument("--cache-dir", default=None, help="menu cache directory (e.g. under /tmp)")
+    ap.add_argument("--solvers", nargs="+", default=list(COLUMNS), choices=list(COLUMNS),
+                    help="columns to run (the others print as 'skipped')")
     ap.add_argument("-v", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING, stream=sys.stderr)
@@ -97,9 +100,11 @@ def main(argv=None) -> int:
     for name in names:
         g = build(name)
         ad = simulate(g, autodiff_schedule(g))
-        problem, menu_s = menus(g, args.menu_time, args.cache_dir)
-        logging.info("%s: %d nodes, %d blocks, menus in %.1f s", name, len(g.nodes),
-                     len(problem.blocks), menu_s)
+        problem, menu_s = (menus(g, args.menu_time, args.cache_dir) if "hier" in args.solvers
+                           else (None, 0.0))
+        if problem is not None:
+            logging.info("%s: %d nodes, %d blocks, menus in %.1f s", name, len(g.nodes),
+                         len(problem.blocks), menu_s)
 
         def ovh(sim) -> str:
             return f"{100 * (sim.time / ad.time - 1):.1f}%"
@@ -130,9 +135,17 @@ def main(argv=None) -> int:
                 best = min(found, key=lambda c: c.sim.time)
                 return ovh(checked(g, best.schedule, budget))
 
-            flat = timed(run_flat) if len(g.nodes) <= args.flat_max_nodes else "-"
-            print(f"| {name} | {len(g.nodes)} | {frac:.0%} | {timed(run_tw)} | {timed(run_sa)} "
-                  f"| {flat} | {timed(run_hier)} (+ menus {menu_s:.0f} s) |", flush=True)
+            cells = []
+            for col, run in zip(COLUMNS, (run_tw, run_sa, run_flat, run_hier)):
+                if col not in args.solvers:
+                    cells.append("skipped")
+                elif col == "flat" and len(g.nodes) > args.flat_max_nodes:
+                    cells.append("-")
+                else:
+                    cells.append(timed(run) + (f" (+ menus {menu_s:.0f} s)" if col == "hier"
+                                               else ""))
+            print(f"| {name} | {len(g.nodes)} | {frac:.0%} | " + " | ".join(cells) + " |",
+                  flush=True)
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s", file=sys.stderr)
     return 0
 

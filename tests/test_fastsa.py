@@ -235,3 +235,18 @@ def test_early_rejection_changes_no_decision(monkeypatch, frac):
     assert [(s.attempts, s.evaluated, s.accepted) for s in fast.last_stats] == \
         [(s.attempts, s.evaluated, s.accepted) for s in slow.last_stats]
     assert sum(s.bounded for s in fast.last_stats) > sum(s.bounded for s in slow.last_stats)
+
+
+def test_best_visited_state_is_within_budget():
+    g = chain_graph([10] * 20, [1.0] * 20)
+    budget = autodiff_peak(g) // 2
+    solver = FastSA(seed=2, iters_grouped=20_000, iters_fine=20_000, time_limit=1e9)
+    solver.solve(g, budget)
+    grouped, fine = solver.last_stats
+    assert fine.best is not None  # the fine annealing starts within the budget here
+    table, _ = group_nodes(g, primitive_table(g))
+    seqs = [fine.best] + ([[m for x in grouped.best for m in table.members[x]]]
+                          if grouped.best is not None else [])
+    for seq in seqs:
+        res = hiremate.simulate(g, sequence_to_schedule(g, seq))
+        assert res.valid and res.peak <= budget
