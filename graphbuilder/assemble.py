@@ -60,25 +60,52 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
 
     # gradients that do not live in storage allocated by a backward node get a copy
     grad_values = list(grp.grads)
+    # storages counted on the original list: replacing a gradient by its copy in the loop must
+    # not make the last of two gradients sharing a storage look unshared (it would keep the
+    # whole storage as an uncounted parameter gradient, e.g. FNO's real/imaginary weight parts)
+    sharers: dict[str, int] = {}
+    for name in grad_values:
+        if name is not None:
+            sharers[owner.get(name, name)] = sharers.get(owner.get(name, name), 0) + 1
+    # a copy runs right after the backward group that makes its storage (node ids follow this
+    # order, and solvers that keep the node order would otherwise hold every such storage
+    # until the end of the backward)
+    copies_after: dict[int, list[Group]] = {}
     for i, name in enumerate(grad_values):
         if name is None:
             continue
         o = owner.get(name, name)
         in_bwd = o in home and home[o].kind is NodeKind.BWD
-        shared = sum(1 for other in grad_values if other is not None and owner.get(other, other) == o) > 1
+        shared = sharers[o] > 1
         if not in_bwd or shared:
             g = Group(NodeKind.BWD, len(grp.bwd) + i + 1)
+            # contiguous, like the parameter: autograd then keeps the copy as .grad instead of
+            # copying it again (a view's clone keeps its permuted strides)
             fake = cap.gm.graph.create_node("call_function", torch.ops.aten.clone.default,
-                                            (nodes_by_name[name],), name=f"{name}_grad_copy")
+                                            (nodes_by_name[name],),
+                                            {"memory_format": torch.contiguous_format},
+                                            name=f"{name}_grad_copy")
             fake.meta["val"] = nodes_by_name[name].meta.get("val")
             nodes_by_name[fake.name] = fake
             g.ops.append(fake)
-            groups.append(g)
+            if in_bwd:
+                copies_after.setdefault(id(home[o]), []).append(g)
+            else:
+                groups.append(g)
             owner[fake.name] = fake.name
             home[fake.name] = g
             grad_values[i] = fake.name
             costs[fake.name] = OpCost(costs.get(name, OpCost(0.0, 0, 0.0)).time, 0,
                                       float(fake.meta["val"].numel()) if fake.meta["val"] is not None else 0.0)
+
+    if copies_after:
+        tail = groups[len(grp.fwd) + len(grp.bwd):]
+        groups = list(grp.fwd)
+        for b in grp.bwd:
+            groups.append(b)
+            groups.extend(copies_after.pop(id(b), ()))
+        groups.extend(c for cs in copies_after.values() for c in cs)  # producer not listed
+        groups.extend(tail)
 
     # who reads each storage, and which storage each group allocates
     readers: dict[str, set[int]] = {}

@@ -45,7 +45,7 @@ gpt2           2       64     2      136,960  10 ms     149     380
 neox           2       64     2      165,632  11 ms     154     443
 vit            2       64     2      114,250  9 ms      94      399
 transformer    2       32     2      59,520   12 ms     212     813
-unet           2       8      2      29,634   17 ms     37      245
+unet           2       8      2      27,394   16 ms     39      251
 resnet         1       8      2      130,002  22 ms     70      334
 regnet         1       16     2      70,218   22 ms     91      423
 mlpmixer       2       32     2      52,074   5 ms      30      209
@@ -65,7 +65,8 @@ What each model is (and what its arguments scale):
 - ``transformer``: ``torch.nn.Transformer`` itself, batch_first, 4 heads, feed-forward 4*width;
   layers = encoder layers = decoder layers; sample ``(src, tgt)`` of 16 and 12 positions.
 - ``unet``: double 3x3 conv + GroupNorm + ReLU per level, max-pool down, transposed conv up,
-  skip concatenations; layers = levels; images of side max(32, 2**(layers+1)).
+  skip concatenations merged by a 1x1 conv (why: :mod:`hiremate.zoo.unet`); layers = levels;
+  images of side max(32, 2**(layers+1)).
 - ``resnet``: Bottleneck blocks (expansion 4) in 4 stages, BatchNorm, 3x3 stem on 32x32 images;
   layers = blocks per stage; ``layers=(3, 4, 6, 3), width=64`` is ResNet-50 (23.5M parameters
   with the 10-class head; ``(3, 4, 23, 3)`` is ResNet-101).
