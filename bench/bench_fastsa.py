@@ -1,7 +1,8 @@
 """Benchmarks of the general-graph heuristics (FastSA, TW-Remat) on synthetic CD-graphs.
 
-    python bench/bench_fastsa.py rate      # FastSA mutations per second
+    python bench/bench_fastsa.py rate      # FastSA mutations per second (--frac: the budget)
     python bench/bench_fastsa.py big       # FastSA on a graph of about 1,000 compute nodes
+    python bench/bench_fastsa.py compare --rev a820644   # evaluation rate: old vs working tree
     python bench/bench_fastsa.py table     # predicted overhead at 30/50/70% of the autodiff peak
 
 ``overhead_table(graph, solvers)`` is the reusable piece: for each fraction of the autodiff
@@ -68,12 +69,18 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def mutation_rate(graph: Graph, iters: int = 200_000) -> dict:
-    """Mutations drawn and evaluated per second in FastSA's grouped and fine annealing."""
+def mutation_rate(graph: Graph, iters: int = 200_000, frac: float | None = None) -> dict:
+    """Mutations drawn and evaluated per second in FastSA's grouped and fine annealing.
+
+    An evaluated mutation is one that was valid and whose accept/reject decision was made
+    (``bounded`` of them were rejected from a lower bound of the new objective alone).
+    ``frac=None``: a budget it cannot reach (1/20 of the autodiff peak), so the first
+    annealing runs all its iterations; else that fraction of the autodiff peak (the first
+    annealing stops once the budget is met).
+    """
     auto = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
-    # a budget it cannot reach, so the first annealing runs all its iterations
     solver = FastSA(seed=0, iters_grouped=iters, iters_fine=iters, time_limit=1e9)
-    solver.solve(graph, max(1, auto.peak // 20))
+    solver.solve(graph, max(1, auto.peak // 20) if frac is None else int(frac * auto.peak))
     out = {}
     for stage, st in zip(("grouped", "fine"), solver.last_stats):
         out[stage] = dict(attempts=st.attempts, evaluated=st.evaluated, accepted=st.accepted,
@@ -84,6 +91,51 @@ def mutation_rate(graph: Graph, iters: int = 200_000) -> dict:
                           evaluated_per_cpu_s=round(st.evaluated / st.cpu_seconds)
                           if st.cpu_seconds else 0)
     return out
+
+
+def load_fastsa_at(rev: str):
+    """The ``FastSA`` class of git revision ``rev`` (its fastsa.py and fastsa_state.py,
+    loaded from ``git show`` under private module names), for before/after comparisons."""
+    import importlib.util
+    import subprocess
+    import sys
+    import tempfile
+
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    tmp = tempfile.mkdtemp(prefix="fastsa_rev_")
+    tag = rev.replace("/", "_")[:12]
+    for name in ("fastsa_state", "fastsa"):
+        text = subprocess.run(["git", "show", f"{rev}:solvers/{name}.py"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout
+        text = text.replace("hiremate.solvers.fastsa_state", f"fastsa_state_{tag}")
+        path = f"{tmp}/{name}_{tag}.py"
+        with open(path, "w") as fh:
+            fh.write(text)
+        spec = importlib.util.spec_from_file_location(f"{name}_{tag}", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[f"{name}_{tag}"] = mod
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return sys.modules[f"fastsa_{tag}"].FastSA
+
+
+def compare_rates(graph: Graph, rev: str, iters: int = 200_000, rounds: int = 2) -> list[dict]:
+    """Evaluated mutations per wall and CPU second, FastSA at ``rev`` vs the working tree,
+    interleaved (``rounds`` times each) so that both see the same machine load."""
+    auto = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
+    budget = max(1, auto.peak // 20)
+    rows = []
+    for _ in range(rounds):
+        for label, cls in ((rev, load_fastsa_at(rev)), ("working tree", FastSA)):
+            solver = cls(seed=0, iters_grouped=iters, iters_fine=iters, time_limit=1e9)
+            w0, c0 = time.perf_counter(), time.process_time()
+            solver.solve(graph, budget)
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            ev = sum(st.evaluated for st in solver.last_stats)
+            rows.append(dict(version=label, evaluated=ev, wall_s=round(wall, 2),
+                             cpu_s=round(cpu, 2), evaluated_per_s=round(ev / wall),
+                             evaluated_per_cpu_s=round(ev / cpu)))
+    return rows
 
 
 def big_graph_solve(n_fwd: int = 500, frac: float = 0.5) -> dict:
@@ -100,13 +152,19 @@ def big_graph_solve(n_fwd: int = 500, frac: float = 0.5) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["rate", "big", "table"])
+    parser.add_argument("what", choices=["rate", "big", "table", "compare"])
+    parser.add_argument("--rev", default="a820644", help="compare: the git revision to time")
     parser.add_argument("--n", type=int, default=None, help="forward ops of the random graph")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--fanin", type=int, default=3, help="max fan-in of the random DAG")
+    parser.add_argument("--frac", type=float, default=None,
+                        help="rate: budget as a fraction of the autodiff peak (default: 1/20)")
     args = parser.parse_args()
     if args.what == "rate":
-        print(mutation_rate(random_graph(0, args.n or 200)))
+        print(mutation_rate(random_graph(0, args.n or 200), frac=args.frac))
+    elif args.what == "compare":
+        for row in compare_rates(random_graph(0, args.n or 200), args.rev):
+            print(row)
     elif args.what == "big":
         print(big_graph_solve(args.n or 500))
     else:
