@@ -2,8 +2,9 @@
 
 Why annealing: on general graphs the exact formulations (Checkmate-style ILPs) grow with the
 square of the graph, while random local edits of a *sequence* (add a recomputation, remove one,
-move a node) are cheap to evaluate with an add-max segment tree (:mod:`fastsa_state`), and they
-may also reorder nodes, which fixed-order methods cannot.
+move a node) are cheap to evaluate incrementally (:mod:`fastsa_state`: a few range changes of
+the memory profile, judged before they are applied), and they may also reorder nodes, which
+fixed-order methods cannot.
 
 The pipeline (paper sections 2.2, 2.2.2, C.1, D.4):
 
@@ -18,7 +19,9 @@ free slot, remove a placed forward node, or move any non-loss node to a free slo
 window around its slot, so that moves are mostly valid). Only forward nodes that produce no
 model output are ever added or removed: the loss and the backward nodes run exactly once.
 
-Everything is seeded (``random.Random(seed)``) and deterministic.
+Everything is seeded (``random.Random(seed)``) and deterministic. Speed (issue 7): the
+acceptance threshold is drawn before a mutation is evaluated, so most rejections come from a
+cheap exact lower bound and a rejected mutation is never applied (see :meth:`FastSA.anneal`).
 """
 
 from __future__ import annotations
