@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -38,13 +39,17 @@ Phases = list[list[int]]
 class HilpConfig:
     """Solver settings. ``mip_gap`` is relative; ``time_limit`` is per MILP, in seconds; when it
     runs out the best schedule found so far is returned. ``max_nodes`` is the applicability
-    limit (the MILP grows with the square of the number of nodes)."""
+    limit (the MILP grows with the square of the number of nodes). ``heuristic_hints``: offer
+    TW-Remat's schedules to the warm start; at tight budgets HiGHS rarely improves on its
+    starting point within a time limit, and full recomputation (the fallback) can be many
+    times slower than what TW-Remat finds in a fraction of a second."""
 
     backend: str = "highs"
     time_limit: float = 60.0
     mip_gap: float = 1e-6
     threads: int = 1
     warm_start: bool = True
+    heuristic_hints: bool = True
     max_nodes: int = 250
     pulp_solver: str = "auto"
 
@@ -119,11 +124,38 @@ def recompute_phases(graph: Graph) -> Phases:
     return [sorted(anc[t] | {t}) for t in range(len(graph.nodes))]
 
 
+def phases_from_schedule(graph: Graph, schedule: Schedule) -> Phases | None:
+    """The phases of a schedule found elsewhere (a hierarchical or heuristic solve), so that it
+    can warm-start the flat MILP. Phase ``t`` holds the computations after the first one of
+    node ``t - 1`` up to the first one of node ``t``, run in index order (the MILP's order
+    inside a phase). None when nodes are first computed out of index order or a node runs
+    twice in one phase: the flat model cannot express that schedule."""
+    phases: Phases = [[] for _ in graph.nodes]
+    t = 0  # the next node to run for the first time
+    for step in schedule:
+        if not isinstance(step, Compute):
+            continue
+        k = step.node
+        if k > t:
+            return None
+        if k == t:
+            phases[t].append(k)
+            t += 1
+        elif t >= len(phases) or k in phases[t]:
+            return None
+        else:
+            phases[t].append(k)
+    if t != len(graph.nodes):
+        return None
+    return [sorted(p) for p in phases]
+
+
 def warm_start(graph: Graph, model: HilpModel, budget: int, save_budget: int | None,
-               lp_time: float) -> Phases | None:
-    """A feasible schedule to start from: store-all, else the LP relaxation rounded at a few
-    thresholds, else full recomputation; the fastest that fits. Any phases give a valid schedule
-    once freed eagerly, so only the budgets need checking."""
+               lp_time: float, hints: Sequence[Schedule] = ()) -> Phases | None:
+    """A feasible schedule to start from: store-all, else the best of ``hints`` (schedules from
+    other solvers), the LP relaxation rounded at a few thresholds and full recomputation; the
+    fastest that fits. Any phases give a valid schedule once freed eagerly (checked in the
+    simulator below), so only the budgets need checking."""
     def fits(phases: Phases) -> float:
         sched = phases_to_schedule(graph, phases)
         sim = simulate(graph, sched)
@@ -137,6 +169,12 @@ def warm_start(graph: Graph, model: HilpModel, budget: int, save_budget: int | N
     if fits(base) < math.inf:
         return base
     candidates = [recompute_phases(graph)]
+    for hint in hints:
+        ph = phases_from_schedule(graph, hint)
+        if ph is not None:
+            candidates.append(ph)
+        else:
+            log.info("H-ILP warm start: a hinted schedule has no phase form; skipped")
     try:
         lp = solve_milp(model.milp, "highs", time_limit=lp_time, relax=True)
     except SolverError as exc:  # no HiGHS for the relaxation: start from the other candidates
@@ -258,6 +296,7 @@ class HilpSolver:
     def __init__(self, config: HilpConfig | None = None, **overrides):
         config = config or HilpConfig()
         self.config = replace(config, **overrides) if overrides else config
+        self._twremat = None  # made on first use; caches its family per graph
         if self.config.backend not in BACKENDS:
             raise SolverError(f"unknown H-ILP backend {self.config.backend!r}; "
                               f"choose one of {', '.join(BACKENDS)}")
@@ -269,8 +308,11 @@ class HilpSolver:
         unit = gcd_unit(graph) if self.config.backend == "cpsat" else None
         return build_model(graph, budget, save_budget, mem_unit=unit)
 
-    def solve(self, graph: Graph, budget: int, save_budget: int | None = None) -> HilpResult:
-        """Solve, extract and simulate; raise InfeasibleBudgetError when no schedule exists."""
+    def solve(self, graph: Graph, budget: int, save_budget: int | None = None,
+              hints: Sequence[Schedule] = ()) -> HilpResult:
+        """Solve, extract and simulate; raise InfeasibleBudgetError when no schedule exists.
+        ``hints``: schedules from other solvers; the fastest that fits warm-starts the MILP, so
+        the result is never slower than them (when the flat model can express them)."""
         floor = memory_floor(graph)
         if budget < floor:
             raise InfeasibleBudgetError(
@@ -283,7 +325,8 @@ class HilpSolver:
         ws_start = time.perf_counter()
         if self.config.warm_start:
             hint_phases = warm_start(graph, model, budget, save_budget,
-                                     lp_time=0.25 * self.config.time_limit)
+                                     lp_time=0.25 * self.config.time_limit,
+                                     hints=list(hints) + self._heuristic_hints(graph))
             if hint_phases is not None:
                 hint = assignment(model, graph, hint_phases)
         cfg = self.config
@@ -328,6 +371,17 @@ class HilpSolver:
                 "this is a bug in the H-ILP formulation, please report it")
         return HilpResult(schedule, status, res.objective, res.bound, model.build_time,
                           res.solve_time, sim, phases, dict(model.stats))
+
+    def _heuristic_hints(self, graph: Graph) -> list[Schedule]:
+        if not self.config.heuristic_hints:
+            return []
+        from hiremate.solvers.twremat import TWRemat
+
+        if self._twremat is None:
+            self._twremat = TWRemat()
+        if not self._twremat.applicable(graph):
+            return []
+        return [c.schedule for c in self._twremat.candidates(graph)]
 
     def schedule(self, graph: Graph, budget: int) -> Schedule:
         return self.solve(graph, budget).schedule

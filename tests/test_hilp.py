@@ -16,7 +16,7 @@ from hiremate.schedule import Compute
 from hiremate.simulator import autodiff_schedule, simulate
 from hiremate.solvers.hilp import (
     HILP_SOLVERS, CheckmateSolver, HilpSolver, assignment, autodiff_phases, lower_bound,
-    memory_floor, phases_to_schedule,
+    memory_floor, phases_from_schedule, phases_to_schedule,
 )
 from hiremate.solvers.hilp_model import build_model
 from hiremate.synthetic import chain_graph, random_graph
@@ -204,3 +204,42 @@ def test_loss_runs_once_and_first_in_phase_order():
     g = random_graph(9, 4, max_fanin=2)
     sched = HilpSolver().schedule(g, _budget(g, 0.5))
     assert sched.count(Compute(g.loss)) == 1
+
+
+# -- warm starts from other solvers' schedules ------------------------------------------------
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(3, 9))
+def test_phases_from_schedule_round_trips(seed, n):
+    """Phases read back from a schedule replay it: same compute multiset and time, and the
+    store-everything schedule reads back as one node per phase."""
+    g = random_graph(seed, n)
+    assert phases_from_schedule(g, autodiff_schedule(g)) == autodiff_phases(g)
+    from hiremate.solvers.twremat import TWRemat
+
+    for cand in TWRemat().candidates(g):
+        phases = phases_from_schedule(g, cand.schedule)
+        if phases is None:
+            continue
+        sim = simulate(g, phases_to_schedule(g, phases))
+        assert sim.valid, sim.error
+        assert sim.time == pytest.approx(simulate(g, cand.schedule).time)
+
+
+def test_phases_from_schedule_rejects_out_of_order():
+    g = chain_graph([4, 4, 4], [1.0, 1.0, 1.0])
+    steps = list(autodiff_schedule(g))
+    i, j = steps.index(Compute(0)), steps.index(Compute(1))
+    steps[i], steps[j] = steps[j], steps[i]
+    assert phases_from_schedule(g, tuple(steps)) is None
+
+
+def test_hint_bounds_the_result_when_time_runs_out():
+    """With almost no time the MILP keeps its warm start: a hinted schedule that fits makes
+    the result at least as fast as the hint (without hints: full recomputation or LP rounding)."""
+    g = random_graph(5, 30)
+    budget = _budget(g, 0.4)
+    plain = HilpSolver(time_limit=0.05, heuristic_hints=False, warm_start=True)
+    good = CheckmateSolver(time_limit=30).solve(g, budget)
+    res = plain.solve(g, budget, hints=[good.schedule])
+    assert simulate(g, res.schedule).peak <= budget
+    assert res.simulation.time <= good.simulation.time * (1 + 1e-9)
