@@ -57,6 +57,27 @@ def measure_sample(fn: Any, sample: Any, spec: SweepSpec) -> Measurement:
                    **kwargs)
 
 
+def paired_time_ratio(fn: Any, twin: Any, sample: Any, spec: SweepSpec) -> dict[str, float]:
+    """Time of ``fn`` relative to eager ``twin`` (an untouched copy of the model), measured in
+    alternation: ``repeats`` rounds of one iteration of each, median over rounds.
+
+    Why: on a shared machine the load changes between cells by a factor of two or more, so a
+    ratio against an eager time measured minutes earlier says more about the load than about
+    the method. Alternating within one cell puts both sides under the same load."""
+    args, kwargs = split_sample(sample)
+    one = dict(loss_fn=output_loss, repeats=1, warmup=0)
+    measure(twin, *args, **one, **kwargs)  # warm the twin (allocator, first-call work)
+    ours, theirs = [], []
+    for _ in range(max(spec.repeats, 3)):
+        ours.append(measure(fn, *args, **one, **kwargs).time)
+        theirs.append(measure(twin, *args, **one, **kwargs).time)
+    ours.sort()
+    theirs.sort()
+    med_ours, med_theirs = ours[len(ours) // 2], theirs[len(theirs) // 2]
+    return {"paired_time": med_ours, "paired_eager_time": med_theirs,
+            "time_rel_paired": med_ours / med_theirs if med_theirs > 0 else math.nan}
+
+
 # --------------------------------------------------------------------------------------------
 # torch.utils.checkpoint around blocks
 
@@ -180,20 +201,29 @@ def run_eager(model: nn.Module, sample: Any, spec: SweepSpec) -> MethodResult:
     return MethodResult(measurement=measure_sample(model, sample, spec), setup_time=0.0)
 
 
-def run_checkpoint(model: nn.Module, sample: Any, spec: SweepSpec) -> MethodResult:
+def _paired(fn: Any, twin: Any, sample: Any, spec: SweepSpec) -> dict[str, float]:
+    return {} if twin is None else paired_time_ratio(fn, twin, sample, spec)
+
+
+def run_checkpoint(model: nn.Module, sample: Any, spec: SweepSpec,
+                   twin: nn.Module | None = None) -> MethodResult:
     start = time.perf_counter()
     wrapped = wrap_blocks(model)
     setup = time.perf_counter() - start
     m = measure_sample(model, sample, spec)
     return MethodResult(measurement=m, setup_time=setup,
-                        extra={"blocks": len(wrapped), "wrapped": ",".join(wrapped[:8])})
+                        extra={"blocks": len(wrapped), "wrapped": ",".join(wrapped[:8]),
+                               **_paired(model, twin, sample, spec)})
 
 
-def run_checkpoint_sequential(model: nn.Module, sample: Any, spec: SweepSpec) -> MethodResult:
+def run_checkpoint_sequential(model: nn.Module, sample: Any, spec: SweepSpec,
+                              twin: nn.Module | None = None) -> MethodResult:
     seq = as_sequential(model, sample)
     segments = max(1, round(math.sqrt(len(seq))))
-    m = measure_sample(SequentialCheckpoint(seq, segments), sample, spec)
-    return MethodResult(measurement=m, setup_time=0.0, extra={"segments": segments})
+    fn = SequentialCheckpoint(seq, segments)
+    m = measure_sample(fn, sample, spec)
+    return MethodResult(measurement=m, setup_time=0.0,
+                        extra={"segments": segments, **_paired(fn, twin, sample, spec)})
 
 
 def compile_backend(spec: SweepSpec, model: nn.Module) -> str:
@@ -204,7 +234,8 @@ def compile_backend(spec: SweepSpec, model: nn.Module) -> str:
     return "inductor" if on_cuda else "aot_eager_decomp_partition"
 
 
-def run_compile(model: nn.Module, sample: Any, spec: SweepSpec, fraction: float) -> MethodResult:
+def run_compile(model: nn.Module, sample: Any, spec: SweepSpec, fraction: float,
+                twin: nn.Module | None = None) -> MethodResult:
     """torch.compile with ``activation_memory_budget = fraction`` (clipped to (0, 1]); the
     first forward+backward (where compilation happens) is timed as the solve time."""
     import torch._dynamo
@@ -223,14 +254,16 @@ def run_compile(model: nn.Module, sample: Any, spec: SweepSpec, fraction: float)
             compile_time = time.perf_counter() - start
             model.zero_grad(set_to_none=True)
             m = measure_sample(compiled, sample, spec)
+            paired = _paired(compiled, twin, sample, spec)
     finally:
         torch._dynamo.reset()
     return MethodResult(measurement=m, solve_time=compile_time, setup_time=compile_time,
-                        extra={"compile_backend": backend, "activation_memory_budget": fraction})
+                        extra={"compile_backend": backend, "activation_memory_budget": fraction,
+                               **paired})
 
 
 def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, preset: str,
-                 budget: int) -> MethodResult:
+                 budget: int, twin: nn.Module | None = None) -> MethodResult:
     """:class:`hiremate.HRockmate` with ``config=preset`` and the sweep's overrides; raises
     :class:`hiremate.InfeasibleBudgetError` when no schedule fits."""
     from hiremate.api import HRockmate
@@ -242,6 +275,7 @@ def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, preset: str,
     m = measure_sample(module, sample, spec)
     extra = {k: report[k] for k in ("autodiff_peak", "autodiff_time", "path", "winner")
              if k in report and isinstance(report[k], (int, float, str))}
+    extra.update(_paired(module, twin, sample, spec))
     return MethodResult(
         measurement=m, solve_time=float(report.get("solve_time", setup)), setup_time=setup,
         predicted_peak=_int_or_none(report.get("predicted_peak")),
@@ -257,17 +291,18 @@ def _float_or_none(value: Any) -> float | None:
 
 
 def run_method(method: str, model: nn.Module, sample: Any, spec: SweepSpec, budget: int | None,
-               fraction: float | None) -> MethodResult:
-    """Dispatch ``method`` (a peer or a hiremate preset) on a fresh ``model``."""
+               fraction: float | None, twin: nn.Module | None = None) -> MethodResult:
+    """Dispatch ``method`` (a peer or a hiremate preset) on a fresh ``model``; ``twin`` (an
+    untouched copy) times eager in alternation with the method (:func:`paired_time_ratio`)."""
     if method == "eager":
         return run_eager(model, sample, spec)
     if method == "checkpoint":
-        return run_checkpoint(model, sample, spec)
+        return run_checkpoint(model, sample, spec, twin)
     if method == "checkpoint_sequential":
-        return run_checkpoint_sequential(model, sample, spec)
+        return run_checkpoint_sequential(model, sample, spec, twin)
     if budget is None or fraction is None:
         raise ValueError(f"method {method!r} needs a budget")
     if method == "compile":
-        return run_compile(model, sample, spec, fraction)
+        return run_compile(model, sample, spec, fraction, twin)
     assert method not in PEERS
-    return run_hiremate(model, sample, spec, method, budget)
+    return run_hiremate(model, sample, spec, method, budget, twin)

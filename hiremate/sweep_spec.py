@@ -15,6 +15,7 @@ Example::
     budgets: [0.5, 0.8, "2MiB"]                     # fractions of the eager peak, or sizes
     methods: [eager, checkpoint, compile, rotor]
     repeats: 3
+    paired_timing: true   # time eager in alternation with each method (load-robust ratios)
 
 Models may also be plain strings: ``gpt2`` (a zoo name with its defaults) or
 ``package.module:factory`` (imported with importlib; no ``eval``).
@@ -44,7 +45,7 @@ NO_BUDGET = "-"
 
 SPEC_KEYS = (
     "name", "description", "models", "budgets", "methods", "repeats", "warmup", "dtype",
-    "device", "n_jobs", "backend", "threads", "tolerance", "hiremate_overrides",
+    "device", "n_jobs", "backend", "threads", "tolerance", "hiremate_overrides", "paired_timing",
     "compile_backend",
 )
 MODEL_KEYS_ZOO = ("name", "layers", "width", "batch", "label")
@@ -144,6 +145,7 @@ class SweepSpec:
     backend: str = "loky"
     threads: int | None = None
     tolerance: float = 0.05
+    paired_timing: bool = True  # time eager in alternation with each method (sweep_methods)
     hiremate_overrides: dict[str, Any] = field(
         default_factory=lambda: {"n_jobs": 1, "progress": False})
     compile_backend: str | None = None
@@ -311,6 +313,11 @@ def parse_spec(data: Any, default_name: str = "sweep") -> SweepSpec:
         if data["backend"] not in BACKENDS:
             raise ConfigError(f"backend {data['backend']!r} is not one of {', '.join(BACKENDS)}")
         spec.backend = data["backend"]
+    if "paired_timing" in data:
+        if not isinstance(data["paired_timing"], bool):
+            raise ConfigError("paired_timing must be true or false, got "
+                              f"{data['paired_timing']!r}")
+        spec.paired_timing = data["paired_timing"]
     if "tolerance" in data:
         tol = data["tolerance"]
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or tol < 0:

@@ -80,7 +80,16 @@ def test_smoke_json_is_consistent(smoke):
                 assert rec["budget_fraction"] == frac
             if rec["status"] == "ok":
                 assert rec["peak_rel"] == pytest.approx(rec["measured_peak"] / ref["measured_peak"])
-                assert rec["time_rel"] == pytest.approx(rec["measured_time"] / ref["measured_time"])
+                if unbudgeted and rec["method"] == "eager":
+                    assert rec["time_rel"] == 1.0
+                else:
+                    # eager timed in alternation within the cell (paired_timing, the default)
+                    ex = rec["extra"]
+                    assert rec["time_rel"] == pytest.approx(
+                        ex["paired_time"] / ex["paired_eager_time"])
+                    assert rec["time_rel_unpaired"] == pytest.approx(
+                        rec["measured_time"] / ref["measured_time"])
+                    assert ex["paired_time"] > 0 and ex["paired_eager_time"] > 0
                 if not unbudgeted:
                     assert rec["feasible"] == (rec["measured_peak"] <=
                                                rec["budget_bytes"] * (1 + tol))
@@ -175,7 +184,7 @@ def _tiny_spec(**over):
 
 
 def test_a_failing_cell_is_recorded_and_retried_on_request(tmp_path, monkeypatch):
-    def broken(model, sample, spec):
+    def broken(model, sample, spec, twin=None):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(sweep_methods, "run_checkpoint", broken)
