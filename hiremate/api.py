@@ -69,8 +69,9 @@ class HRockmate(torch.nn.Module):
                    solve_time: float, tolerance: float = 0.02) -> None:
         """Measure the executor once; while its peak is above the budget (by more than
         ``tolerance``: the cost model missed some memory, e.g. temporaries or allocator
-        rounding), solve again with the budget lowered by the excess, at most ``cfg.calibrate``
-        times. The schedule kept is the fastest (predicted) one whose measured peak fits, else
+        rounding), solve again with the budget lowered by the excess (or, when that is out of
+        the solvers' reach, at the lowest budget they are known to meet), at most
+        ``cfg.calibrate`` times. The schedule kept is the fastest (predicted) one whose measured peak fits, else
         the one that measured lowest. The report keeps the user's budget."""
         from hiremate.errors import InfeasibleBudgetError
         from hiremate.measurement import measure
@@ -88,8 +89,17 @@ class HRockmate(torch.nn.Module):
             target = target - (measured - budget)
             try:
                 result = solve_graph(graph, target, cfg)
-            except InfeasibleBudgetError:
-                break
+            except InfeasibleBudgetError as exc:
+                # the lowered budget is out of reach; the lowest budget the solvers are known
+                # to meet still lowers the peak, when it is below the last one tried
+                low = exc.min_budget
+                if low is None or low >= tried[-1][1]["budget"]:
+                    break
+                target = int(low)
+                try:
+                    result = solve_graph(graph, target, cfg)
+                except InfeasibleBudgetError:
+                    break
             solve_time += result.report["solve_time"]
             if any(result.schedule == t[0] for t in tried):
                 break

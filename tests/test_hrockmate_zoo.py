@@ -156,3 +156,39 @@ def test_gradients_sharing_a_storage_are_copied_right_after_it():
         producer = d.producer
         between = range(producer + 1, c.id)
         assert all(graph.nodes[k].name.endswith("_grad_copy") for k in between), c.name
+
+
+def test_calibration_falls_back_to_the_lowest_budget_the_solvers_meet(monkeypatch):
+    """When the executor measures above the budget and the budget lowered by the excess is out
+    of the solvers' reach, calibration solves at the lowest budget they are known to meet (the
+    error's ``min_budget``) instead of giving up with the over-budget schedule."""
+    import types
+
+    import hiremate.api as api
+    import hiremate.measurement as measurement
+
+    model, sample = zoo.get("mlp", dtype=torch.float64)
+    graph = hiremate.build_graph(model, sample)
+    ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).peak
+    budget, low = int(0.6 * ad), int(0.5 * ad)
+    real_solve = api.solve_graph
+    asked: list[int] = []
+
+    def solve(g, b, config="hiremate", **kw):
+        asked.append(int(b))
+        if len(asked) == 2:  # the budget lowered by the excess: out of reach
+            raise hiremate.InfeasibleBudgetError("too low", min_budget=low)
+        return real_solve(g, b, config, **kw)
+
+    def measure(module, *args, **kwargs):  # the executor "measures" 1.2 x its predicted peak
+        peak = hiremate.simulate(graph, module.schedule).peak
+        return types.SimpleNamespace(peak=int(1.2 * peak))
+
+    monkeypatch.setattr(api, "solve_graph", solve)
+    monkeypatch.setattr(measurement, "measure", measure)
+    remat = HRockmate.from_graph(model, graph, budget, sample=sample, cache=False, **FAST)
+    rep = remat.report()
+    assert asked[0] == budget and asked[1] < budget and asked[2] == low
+    assert len(rep["calibration"]) >= 2
+    assert hiremate.simulate(graph, remat.schedule).peak <= low
+    assert rep["budget"] == budget
