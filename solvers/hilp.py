@@ -274,8 +274,12 @@ def phases_from_solution(model: HilpModel, x: np.ndarray) -> Phases:
 
 
 def memory_floor(graph: Graph) -> int:
-    """A lower bound on the budget of any schedule: while a node runs for the first time its
-    inputs, its outputs, its overhead and the model outputs produced before it are in memory."""
+    """A lower bound on the budget of any schedule that first runs the nodes in the graph's
+    order (H-ILP's schedules, and every phase-form schedule): while a node runs for the first
+    time its inputs, its outputs, its overhead and the model outputs produced before it (in
+    that order) are in memory. A solver that reorders independent nodes (FastSA) can go lower:
+    a model output produced later in its order is not yet held
+    (``tests/test_fuzz_solvers.py::test_reordering_forward_ops_can_beat_memory_floor``)."""
     counted = [d.size if d.counted else 0 for d in graph.data]
     outs = set(graph.outputs)
     floor = 0
