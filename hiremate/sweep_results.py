@@ -173,10 +173,13 @@ def by_model(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]
 
 
 def best_time_within(records: list[dict[str, Any]], method: str, peak: int) -> dict | None:
-    """The fastest measured cell of ``method`` whose measured peak is at most ``peak``."""
+    """The fastest measured cell of ``method`` whose measured peak is at most ``peak``, by its
+    time relative to eager (paired within its cell when the sweep pairs timings: absolute
+    times of different cells were measured under different loads)."""
     fits = [r for r in records if r["method"] == method and r["status"] == "ok"
             and r.get("measured_peak") is not None and r["measured_peak"] <= peak]
-    return min(fits, key=lambda r: r["measured_time"], default=None)
+    return min(fits, key=lambda r: (r.get("time_rel", r["measured_time"]), r["measured_time"]),
+               default=None)
 
 
 def lowest_peak(records: list[dict[str, Any]], method: str) -> dict | None:

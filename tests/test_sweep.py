@@ -222,3 +222,18 @@ def test_dask_local_cluster_gives_the_same_table(smoke, tmp_path):
     for key, rec in ref.items():
         same = {k: v for k, v in rec.items() if k not in TIMING_FIELDS}
         assert {k: v for k, v in got[key].items() if k not in TIMING_FIELDS} == same, key
+
+
+def test_equal_peak_comparison_picks_the_fastest_by_paired_ratio():
+    """The peer cell at no higher peak is chosen by time relative to eager (paired in its
+    cell), not by absolute time measured under another load."""
+    from hiremate.sweep_results import best_time_within
+
+    def rec(budget, peak, rel, ms):
+        return {"method": "compile", "status": "ok", "budget": budget, "measured_peak": peak,
+                "time_rel": rel, "measured_time": ms}
+
+    cells = [rec("0.5", 900, 1.9, 40.0), rec("0.6", 950, 1.4, 60.0), rec("0.9", 2000, 1.0, 30.0)]
+    assert best_time_within(cells, "compile", 1000)["budget"] == "0.6"
+    assert best_time_within(cells, "compile", 920)["budget"] == "0.5"
+    assert best_time_within(cells, "compile", 100) is None
