@@ -102,8 +102,10 @@ class HilpTop:
             sol = self.solve_at(problem, top, abstract)
             tried.append((abstract, sol.status, sol.sim.peak if sol.sim else None))
             if sol.sim is None:
-                if sol.status == "infeasible":
-                    break  # a lower abstract budget is infeasible too; a higher one overshot
+                if sol.status == "infeasible" or found:
+                    # a lower abstract budget is infeasible too, or a retry ran out of time:
+                    # keep the schedules the earlier tries found
+                    break
                 raise SolverError(f"hilp-top found no solution within {self.time_limit:g}s "
                                   f"({sol.status}); raise its time_limit")
             sim = sol.sim
