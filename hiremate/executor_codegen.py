@@ -21,6 +21,7 @@ import itertools
 import keyword
 import linecache
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -336,12 +337,17 @@ def generate(graph: Graph, schedule: tuple[Step, ...], device: torch.device
     cut = split_schedule(graph, schedule)
     ns = _namespace()
     fwd = _Emitter(graph, sources, ns, device, "fwd")
+    # a random node that runs once needs no saved generator state (5 KiB on CPU each, memory
+    # the cost model does not count); only recomputed ones replay theirs
+    runs = Counter(step.node for step in schedule if isinstance(step, Compute))
+    fwd.rng_index = {k: i for k, i in fwd.rng_index.items() if runs[k] > 1}
     for step in schedule[:cut]:
         fwd.step(step)
     out_names = output_names(graph)
     outs = [fwd.read(n, graph.nodes[graph.loss]) for n in out_names]
     bwd = _Emitter(graph, sources, ns, device, "bwd", inherited=set(fwd.bound))
     bwd.computed = set(fwd.computed)
+    bwd.rng_index = fwd.rng_index
     bwd.idents = fwd.idents
     for name in sources.by_table["tangent"]:
         bwd.read(name, graph.nodes[graph.loss])

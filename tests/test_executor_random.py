@@ -108,3 +108,22 @@ def test_recomputation_of_dropout_keeps_memory_prediction() -> None:
     remat = RematModule(model, graph, sched)
     m = hiremate.measure(remat, x, repeats=1, warmup=0)
     assert m.peak <= remat.predicted.peak * 1.05 + 2 ** 20
+
+
+def test_generator_state_saved_only_for_recomputed_random_nodes() -> None:
+    """Store-everything runs each random node once: no generator state is saved (5 KiB each on
+    CPU, which the cost model does not count); a schedule that recomputes dropout saves one
+    state per recomputed random node, and no more."""
+    graph = graph_of("dropnet")
+    model, _ = get_model("dropnet")
+    for name in ("autodiff", "keep-none"):
+        sched = schedules_of(graph)[name]
+        runs: dict[int, int] = {}
+        for s in sched:
+            if isinstance(s, Compute):
+                runs[s.node] = runs.get(s.node, 0) + 1
+        again = {k for k, n in runs.items() if n > 1 and graph.nodes[k].random}
+        fwd_src, bwd_src = RematModule(model, graph, sched).generated_source()
+        assert fwd_src.count("_rng_save(") == len(again), name
+        assert bwd_src.count("_rng_replay(") + fwd_src.count("_rng_replay(") >= len(again)
+    assert again, "keep-none recomputes no random node: the test would prove nothing"
