@@ -27,14 +27,16 @@ def build(name: str):
     return hiremate.build_graph(model, sample, cost_model="flops")
 
 
-def menus(graph, menu_time: float, cache_dir: str | None):
-    """Blocks of the sequence partition with H-ILP menus (the ``hilp`` preset's bottom level)."""
+def menus(graph, menu_time: float, cache_dir: str | None, grid: tuple[int, int, int] | None = None):
+    """Blocks of the sequence partition with H-ILP menus (the ``hilp`` preset's bottom level;
+    ``grid``: (menu_peaks, menu_saves, n_options) instead of the preset's)."""
     from hiremate.config import load_config
     from hiremate.hierarchical import TopProblem, make_blocks, solve_menus
     from hiremate.menu_cache import MenuCache
     from hiremate.partition import SequencePartition
 
-    cfg = load_config("hilp", n_jobs=1, cache=False, progress=False,
+    extra = {} if grid is None else dict(zip(("menu_peaks", "menu_saves", "n_options"), grid))
+    cfg = load_config("hilp", n_jobs=1, cache=False, progress=False, **extra,
                       solver_params={"hilp": {"time_limit": menu_time, "max_nodes": 400}})
     blocks, tail = make_blocks(graph, SequencePartition().partition(graph))
     t0 = time.perf_counter()
@@ -55,6 +57,9 @@ def main(argv=None) -> int:
     ap.add_argument("--menu-time", type=float, default=30.0,
                     help="H-ILP time limit per menu budget (the hilp preset's)")
     ap.add_argument("--cache-dir", default=None, help="menu cache (none: no cache)")
+    ap.add_argument("--grid", nargs=3, type=int, default=None,
+                    metavar=("PEAKS", "SAVES", "OPTIONS"),
+                    help="menu budget grid and options kept per block (default: the hilp preset's)")
     ap.add_argument("--no-flat", action="store_true")
     ap.add_argument("--no-lp", action="store_true")
     ap.add_argument("-v", action="store_true")
@@ -73,7 +78,7 @@ def main(argv=None) -> int:
     for name in args.models:
         g = build(name)
         ad = simulate(g, autodiff_schedule(g))
-        problem, menu_s = menus(g, args.menu_time, args.cache_dir)
+        problem, menu_s = menus(g, args.menu_time, args.cache_dir, args.grid)
         for frac in args.budgets:
             budget = int(frac * ad.peak)
             ovh = lambda t: f"{100 * (t / ad.time - 1):.2f}%"  # noqa: E731
