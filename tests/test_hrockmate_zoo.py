@@ -92,22 +92,16 @@ def test_infeasible_budget_on_a_model(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", zoo.names())
 def test_zoo_model_at_half_the_autodiff_peak(name, tmp_path):
-    """Feasible at 50%, unless a single node of the captured graph needs more than that (its
-    inputs, outputs and temporaries: ``memory_floor``, a proof of infeasibility); then the error
-    must say so, and the budget it names must work."""
+    """Feasible at 50% (the issue's acceptance for every zoo model). A zoo model whose single
+    node needs more than half the autodiff peak (``memory_floor``) fails here: that is a zoo
+    defect (see the unet's 1x1 merge), not a case to skip."""
     from hiremate.solvers.hilp import memory_floor
 
     model, sample = zoo.get(name, dtype=torch.float64)
     graph = hiremate.build_graph(model, sample)
     half = 0.5 * hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).peak
     cfg = {"cache_dir": str(tmp_path), "progress": False, "sample": sample}
-    if memory_floor(graph) > half:
-        with pytest.raises(hiremate.InfeasibleBudgetError) as info:
-            HRockmate.from_graph(model, graph, 0.5, **cfg)
-        assert info.value.min_budget >= memory_floor(graph)
-        remat = HRockmate.from_graph(model, graph, info.value.min_budget, **cfg)
-        check_model(name, remat, model, sample, budget_frac=1.0)
-        pytest.xfail(f"{name}: 50% is below the memory one node needs; ran at the minimum")
+    assert memory_floor(graph) <= half, f"{name}: one node needs more than 50% of the peak"
     remat = HRockmate.from_graph(model, graph, 0.5, **cfg)
     check_model(name, remat, model, sample)
 
