@@ -54,6 +54,7 @@ class Config:
     cache_dir: str | None = None  # default: $HIREMATE_CACHE or ~/.cache/hiremate
     progress: bool = True
     calibrate: int = 2           # re-solves when the measured peak exceeds the budget (0: off)
+    reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.schedule_pool)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,7 +97,7 @@ class Config:
     def _check_types(self) -> None:
         """The remaining fields' types, so that a YAML typo fails here and not mid-solve."""
         expect = {"name": str, "description": str, "backend": str, "cache": bool,
-                  "progress": bool, "partitioner_params": dict, "solver_params": dict}
+                  "progress": bool, "reuse_schedules": bool, "partitioner_params": dict, "solver_params": dict}
         for key, typ in expect.items():
             if hasattr(self, key) and not isinstance(getattr(self, key), typ):
                 raise ConfigError(f"{key} must be a {typ.__name__}, got {getattr(self, key)!r}")
