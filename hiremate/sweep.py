@@ -8,12 +8,14 @@ the table and plots from ``results.json`` alone. The command line is ``hiremate 
 
 The pieces, one concept per module: :mod:`hiremate.sweep_spec` (the file),
 :mod:`hiremate.sweep_methods` (eager, checkpoint, checkpoint_sequential, torch.compile, hiremate
-presets), :mod:`hiremate.sweep_runner` (cells and where they run), :mod:`hiremate.sweep_results`
+presets), :mod:`hiremate.sweep_runner` (cells and where they run), :mod:`hiremate.sweep_presolve`
+(one graph per model, every budget solved before any is measured), :mod:`hiremate.sweep_results`
 (the store, CSV, markdown) and :mod:`hiremate.sweep_plot` (figures).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 
 from hiremate.errors import ConfigError
 from hiremate.sweep_plot import plot_all
+from hiremate.sweep_presolve import Presolved, is_hiremate_cell, presolve, sweep_overrides
 from hiremate.sweep_results import ResultStore
 from hiremate.sweep_runner import Cell, execute, grid, run_cell
 from hiremate.sweep_spec import BACKENDS, SweepSpec, load_spec, spec_from_dict
@@ -41,15 +44,21 @@ class SweepOutcome:
 
 
 class _CellWork:
-    """``run_cell`` with the spec and the eager references bound (picklable for workers)."""
+    """``run_cell`` with the spec, the eager references and the presolve's graphs and outcomes
+    bound (picklable for workers)."""
 
-    def __init__(self, spec: SweepSpec, references: dict[str, dict[str, Any]]):
+    def __init__(self, spec: SweepSpec, references: dict[str, dict[str, Any]],
+                 presolved: Presolved | None = None):
         self.spec = spec
         self.references = references
+        self.presolved = presolved or Presolved()
 
     def __call__(self, cell: Cell) -> dict[str, Any]:
         reference = None if cell.method == "eager" else self.references.get(cell.model.label)
-        return run_cell(cell, self.spec, reference)
+        if not is_hiremate_cell(cell):
+            return run_cell(cell, self.spec, reference)
+        return run_cell(cell, self.spec, reference, self.presolved.cells.get(cell.key),
+                        self.presolved.graphs.get(cell.model.label))
 
 
 def _finished(store: ResultStore, cell: Cell, retry_errors: bool) -> bool:
@@ -78,6 +87,8 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path | None = None, *
     out = Path(out_dir) if out_dir is not None else Path("sweep-results") / spec.name
     store = ResultStore.load(out)
     store.spec = spec.to_dict()
+    # the solver cache (menus and the schedule pool) goes under OUT unless the file names one
+    spec = dataclasses.replace(spec, hiremate_overrides=sweep_overrides(spec, out))
     eager_cells, other_cells = grid(spec)
     ran: list[str] = []
     skipped: list[str] = []
@@ -91,7 +102,10 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path | None = None, *
         for phase in (eager_cells, other_cells):
             cells = [c for c in phase if c in todo]
             references = {c.model.label: store.cells.get(c.key) for c in eager_cells}
-            work = _CellWork(spec, {k: v for k, v in references.items() if v})
+            references = {k: v for k, v in references.items() if v}
+            presolved = (presolve(spec, cells, references, out, progress)
+                         if phase is other_cells and spec.presolve else None)
+            work = _CellWork(spec, references, presolved)
             for rec in execute(cells, work, n_jobs=n_jobs, backend=backend, scheduler=scheduler):
                 store.add(rec)
                 store.save()

@@ -263,13 +263,19 @@ def run_compile(model: nn.Module, sample: Any, spec: SweepSpec, fraction: float,
 
 
 def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, preset: str,
-                 budget: int, twin: nn.Module | None = None) -> MethodResult:
-    """:class:`hiremate.HRockmate` with ``config=preset`` and the sweep's overrides; raises
+                 budget: int, twin: nn.Module | None = None,
+                 graph: Any = None) -> MethodResult:
+    """:class:`hiremate.HRockmate` with ``config=preset`` and the sweep's overrides, on
+    ``graph`` when the sweep captured one for the model (else it captures its own); raises
     :class:`hiremate.InfeasibleBudgetError` when no schedule fits."""
     from hiremate.api import HRockmate
 
     start = time.perf_counter()
-    module = HRockmate(model, sample, budget, config=preset, **spec.hiremate_overrides)
+    if graph is not None:
+        module = HRockmate.from_graph(model, graph, budget, config=preset, sample=sample,
+                                      **spec.hiremate_overrides)
+    else:
+        module = HRockmate(model, sample, budget, config=preset, **spec.hiremate_overrides)
     setup = time.perf_counter() - start
     report = module.report()
     m = measure_sample(module, sample, spec)
@@ -291,9 +297,11 @@ def _float_or_none(value: Any) -> float | None:
 
 
 def run_method(method: str, model: nn.Module, sample: Any, spec: SweepSpec, budget: int | None,
-               fraction: float | None, twin: nn.Module | None = None) -> MethodResult:
+               fraction: float | None, twin: nn.Module | None = None,
+               graph: Any = None) -> MethodResult:
     """Dispatch ``method`` (a peer or a hiremate preset) on a fresh ``model``; ``twin`` (an
-    untouched copy) times eager in alternation with the method (:func:`paired_time_ratio`)."""
+    untouched copy) times eager in alternation with the method (:func:`paired_time_ratio`);
+    ``graph``: the model's graph captured once for the sweep (hiremate presets only)."""
     if method == "eager":
         return run_eager(model, sample, spec)
     if method == "checkpoint":
@@ -305,4 +313,4 @@ def run_method(method: str, model: nn.Module, sample: Any, spec: SweepSpec, budg
     if method == "compile":
         return run_compile(model, sample, spec, fraction, twin)
     assert method not in PEERS
-    return run_hiremate(model, sample, spec, method, budget, twin)
+    return run_hiremate(model, sample, spec, method, budget, twin, graph)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from hiremate.errors import ConfigError, InfeasibleBudgetError
+from hiremate.graph import Graph
 from hiremate.sweep_spec import NO_BUDGET, UNBUDGETED, Budget, ModelEntry, SweepSpec
 from hiremate.sweep_results import cell_key
 
@@ -85,9 +86,12 @@ def _message(exc: BaseException) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + "..."
 
 
-def run_cell(cell: Cell, spec: SweepSpec, reference: dict[str, Any] | None) -> dict[str, Any]:
+def run_cell(cell: Cell, spec: SweepSpec, reference: dict[str, Any] | None,
+             presolved: dict[str, Any] | None = None,
+             graph: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one cell and return its record (failures included); ``reference`` is the model's
-    eager record (``None`` for the eager cell itself)."""
+    eager record (``None`` for the eager cell itself). For hiremate cells, ``presolved`` is the
+    presolve's outcome and ``graph`` the model's shared graph (:mod:`hiremate.sweep_presolve`)."""
     from hiremate.sweep_methods import NotApplicable, run_method
 
     start = time.perf_counter()
@@ -111,6 +115,9 @@ def run_cell(cell: Cell, spec: SweepSpec, reference: dict[str, Any] | None) -> d
                                    "cannot be resolved (see its eager cell)")
             budget, fraction = cell.budget.resolve(int(reference["measured_peak"]))
             rec["budget_bytes"], rec["budget_fraction"] = budget, fraction
+        if presolved and presolved.get("status") == "infeasible":
+            raise InfeasibleBudgetError(presolved.get("message", "infeasible (presolve)"),
+                                        presolved.get("min_budget"))
         device = resolve_device(spec)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -120,7 +127,9 @@ def run_cell(cell: Cell, spec: SweepSpec, reference: dict[str, Any] | None) -> d
             if cell.method != "eager" and spec.paired_timing:
                 torch.manual_seed(0)
                 twin = cell.model.build(spec.torch_dtype())[0].to(device)
-            result = run_method(cell.method, model, sample, spec, budget, fraction, twin)
+            shared = Graph.from_dict(graph) if graph is not None else None
+            result = run_method(cell.method, model, sample, spec, budget, fraction, twin,
+                                graph=shared)
     except NotApplicable as exc:
         rec.update(status="not_applicable", message=str(exc))
     except InfeasibleBudgetError as exc:
@@ -138,6 +147,9 @@ def run_cell(cell: Cell, spec: SweepSpec, reference: dict[str, Any] | None) -> d
             setup_time=result.setup_time, predicted_peak=result.predicted_peak,
             predicted_time=result.predicted_time, extra=dict(result.extra),
         )
+        if presolved and result.solve_time is not None:
+            rec["solve_time"] = result.solve_time + presolved["solve_time"]
+            rec["extra"]["presolve_time"] = presolved["solve_time"]
         if reference is None:
             rec["eager_peak"], rec["eager_time"] = rec["measured_peak"], rec["measured_time"]
         if rec.get("eager_peak"):

@@ -16,6 +16,7 @@ Example::
     methods: [eager, checkpoint, compile, rotor]
     repeats: 3
     paired_timing: true   # time eager in alternation with each method (load-robust ratios)
+    presolve: true        # hiremate presets: one graph per model, all budgets solved first
 
 Models may also be plain strings: ``gpt2`` (a zoo name with its defaults) or
 ``package.module:factory`` (imported with importlib; no ``eval``).
@@ -46,7 +47,7 @@ NO_BUDGET = "-"
 SPEC_KEYS = (
     "name", "description", "models", "budgets", "methods", "repeats", "warmup", "dtype",
     "device", "n_jobs", "backend", "threads", "tolerance", "hiremate_overrides", "paired_timing",
-    "compile_backend",
+    "presolve", "compile_backend",
 )
 MODEL_KEYS_ZOO = ("name", "layers", "width", "batch", "label")
 MODEL_KEYS_FACTORY = ("factory", "kwargs", "label")
@@ -146,6 +147,7 @@ class SweepSpec:
     threads: int | None = None
     tolerance: float = 0.05
     paired_timing: bool = True  # time eager in alternation with each method (sweep_methods)
+    presolve: bool = True  # one graph per model, all budgets solved first (sweep_presolve)
     hiremate_overrides: dict[str, Any] = field(
         default_factory=lambda: {"n_jobs": 1, "progress": False})
     compile_backend: str | None = None
@@ -313,11 +315,11 @@ def parse_spec(data: Any, default_name: str = "sweep") -> SweepSpec:
         if data["backend"] not in BACKENDS:
             raise ConfigError(f"backend {data['backend']!r} is not one of {', '.join(BACKENDS)}")
         spec.backend = data["backend"]
-    if "paired_timing" in data:
-        if not isinstance(data["paired_timing"], bool):
-            raise ConfigError("paired_timing must be true or false, got "
-                              f"{data['paired_timing']!r}")
-        spec.paired_timing = data["paired_timing"]
+    for flag in ("paired_timing", "presolve"):
+        if flag in data:
+            if not isinstance(data[flag], bool):
+                raise ConfigError(f"{flag} must be true or false, got {data[flag]!r}")
+            setattr(spec, flag, data[flag])
     if "tolerance" in data:
         tol = data["tolerance"]
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or tol < 0:

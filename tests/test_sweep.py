@@ -51,6 +51,25 @@ def test_smoke_writes_every_file(smoke):
     assert outcome.skipped == []
 
 
+def test_hiremate_cells_share_a_presolved_graph_and_go_down_with_the_budget(smoke):
+    """The presolve captured one graph per model and solved every budget first; each hiremate
+    cell's solve time counts it, and the predicted peaks only go down with the budget."""
+    out, _ = smoke
+    spec = load_spec(SMOKE)
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    for model in spec.models:
+        assert (out / "graphs" / f"{model.label}.json").is_file()
+        for method in spec.methods:
+            recs = sorted((r for r in cells.values() if r["model"] == model.label
+                           and r["method"] == method and r["kind"] == "hiremate"
+                           and r["status"] == "ok"), key=lambda r: r["budget_bytes"])
+            for r in recs:
+                assert r["solve_time"] >= r["extra"]["presolve_time"] > 0
+            peaks = [r["predicted_peak"] for r in recs]
+            assert peaks == sorted(peaks)
+    assert any((out / "cache").rglob("*.pkl"))
+
+
 def test_smoke_json_is_consistent(smoke):
     out, _ = smoke
     payload = json.loads((out / "results.json").read_text())
