@@ -11,7 +11,10 @@ Levels (where a solver may be placed):
 The hierarchical path (bottom + top) runs when the graph is larger than ``flat_max_nodes``, when
 no flat solver met the budget, or when the best flat schedule is predicted more than
 ``hierarchical_above`` times slower than autodiff; all candidates are simulated and the fastest
-one within the budget is kept.
+one within the budget is kept. With ``reuse_schedules`` (and the cache on), the schedules that
+earlier solves of the same graph and configuration found at other budgets are candidates too
+(:mod:`hiremate.schedule_pool`): a solve never returns something slower than a schedule already
+known to fit.
 """
 
 from __future__ import annotations
