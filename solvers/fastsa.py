@@ -38,6 +38,7 @@ from hiremate.graph import FINAL_KINDS, SOURCE_KINDS, Graph
 from hiremate.option import Option, pareto_front
 from hiremate.schedule import Schedule
 from hiremate.simulator import simulate
+from hiremate.solvers import fastsa_accel
 from hiremate.solvers.fastsa_state import NOP, NodeTable, SlotState
 from hiremate.solvers.hilp_menu import option_from_schedule
 from hiremate.solvers.remat_sequence import sequence_to_schedule
@@ -99,6 +100,30 @@ def _needed_nodes(table: NodeTable) -> list[bool]:
                 if x is not None:
                     needed[x] = True
     return needed
+
+
+def _proposal_sets(state: SlotState) -> tuple[list[int], list[bool], dict[int, list[int]],
+                                              list[int], list[int]]:
+    """What the annealer draws from: ``(pool, needed, slots_of, removable, placed)``.
+
+    ``pool``: nodes that may be added. Removal candidates: slots of pool nodes that have
+    another copy, or whose outputs nothing placed for good depends on. The only copy of a node
+    that a fixed node needs (through its readers) can never be removed, so leaving it out keeps
+    the removals drawn uniform among the valid ones and saves the draws that would fail.
+    ``placed``: every occupied slot but the loss's (move candidates).
+    """
+    table, seq, T = state.table, state.seq, state.T
+    fixed = table.movable_only
+    pool = [x for x in range(len(table)) if not fixed[x]]
+    needed = _needed_nodes(table)
+    slots_of: dict[int, list[int]] = {}
+    for t in range(T):
+        if seq[t] != NOP:
+            slots_of.setdefault(seq[t], []).append(t)
+    removable = [t for t in range(T) if seq[t] != NOP and not fixed[seq[t]]
+                 and (len(slots_of[seq[t]]) > 1 or not needed[seq[t]])]
+    placed = [t for t in range(T) if seq[t] != NOP and t != state.loss_slot]
+    return pool, needed, slots_of, removable, placed
 
 
 def primitive_table(graph: Graph) -> NodeTable:
@@ -207,13 +232,24 @@ class FastSA:
     ``schedule`` returns the best schedule found; when its simulated peak is above the budget it
     raises :class:`InfeasibleBudgetError` with ``min_budget`` = the lowest peak it reached (not a
     proven minimum). Returned schedules are replayed by ``hiremate.simulate``.
+
+    ``accelerate``: ``"auto"`` runs the annealing loop in the numba kernel
+    (:mod:`fastsa_kernel`, ``pip install hiremate[fast]``) when numba is installed, else in
+    Python; ``"python"`` always in Python (the reference); ``"numba"`` requires numba. Both
+    take the same path for a seed.
     """
 
     name = "fastsa"
 
     def __init__(self, seed: int = 0, iters_grouped: int = 200_000, iters_fine: int = 100_000,
                  time_limit: float = 25.0, gap: int = 3, grouping: bool = True,
-                 move_window: int = 64, max_nodes: int = 20_000):
+                 move_window: int = 64, max_nodes: int = 20_000, accelerate: str = "auto"):
+        if accelerate not in ("auto", "numba", "python"):
+            raise ValueError(f"FastSA(accelerate={accelerate!r}): use 'auto' (numba when "
+                             "installed), 'numba' or 'python'")
+        if accelerate == "numba" and not fastsa_accel.available():
+            raise ImportError("FastSA(accelerate='numba') needs numba: pip install "
+                              "'hiremate[fast]' (or accelerate='auto' to fall back to Python)")
         self.seed = seed
         self.iters_grouped = iters_grouped
         self.iters_fine = iters_fine
@@ -222,6 +258,7 @@ class FastSA:
         self.grouping = grouping
         self.move_window = move_window
         self.max_nodes = max_nodes
+        self.accelerate = accelerate
         self.last_stats: list[AnnealStats] = []
 
     def applicable(self, graph: Graph) -> bool:
@@ -248,6 +285,19 @@ class FastSA:
         uniform occupied slot (not the loss) to a uniform slot within ``move_window`` and after
         its inputs' first productions (it must be free).
         """
+        pool, needed, slots_of, removable, placed = _proposal_sets(state)
+        log_ratio = math.log(temp1 / temp0) if temp0 > 0 and temp1 > 0 else 0.0
+        if self.accelerate != "python" and fastsa_accel.usable(state, rng):
+            stats = AnnealStats()
+            start, cpu_start = time.perf_counter(), time.process_time()
+            res = fastsa_accel.anneal(state, budget, iters, temp0, log_ratio, rng,
+                                      stop_when_feasible, deadline, self.move_window, pool,
+                                      needed, slots_of, removable, placed)
+            stats.attempts, stats.evaluated = res.attempts, res.evaluated
+            stats.accepted, stats.bounded, stats.best = res.accepted, res.bounded, res.best
+            stats.seconds = time.perf_counter() - start
+            stats.cpu_seconds = time.process_time() - cpu_start
+            return stats
         table = state.table
         seq = state.seq
         T = state.T
@@ -260,21 +310,7 @@ class FastSA:
         cost = table.cost
         out_bytes = state.out_bytes
         first_slot, first_cache = state.first_slot, state.first_cache
-        pool = [x for x in range(len(table)) if not table.movable_only[x]]
         fixed = table.movable_only
-        loss_slot = state.loss_slot
-        # Removal candidates: slots of pool nodes that have another copy, or whose outputs
-        # nothing placed for good depends on. The only copy of a node that a fixed node needs
-        # (through its readers) can never be removed, so leaving it out keeps the removals
-        # drawn uniform among the valid ones and saves the draws that would fail.
-        needed = _needed_nodes(table)
-        slots_of: dict[int, list[int]] = {}
-        for t in range(T):
-            if seq[t] != NOP:
-                slots_of.setdefault(seq[t], []).append(t)
-        removable = [t for t in range(T) if seq[t] != NOP and not fixed[seq[t]]
-                     and (len(slots_of[seq[t]]) > 1 or not needed[seq[t]])]
-        placed = [t for t in range(T) if seq[t] != NOP and t != loss_slot]
         rpos = {t: i for i, t in enumerate(removable)}
         ppos = {t: i for i, t in enumerate(placed)}
 
@@ -297,7 +333,6 @@ class FastSA:
         # the cheapest state within the budget that the walk visits (it may walk out again)
         best: list[int] | None = seq[:] if state.peak <= budget else None
         best_cost = state.cost if best is not None else math.inf
-        log_ratio = math.log(temp1 / temp0) if temp0 > 0 and temp1 > 0 else 0.0
         temp = temp0
         npool = len(pool)
         for it in range(iters):
