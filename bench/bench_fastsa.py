@@ -2,6 +2,10 @@
 
     python bench/bench_fastsa.py rate      # FastSA mutations per second (--frac: the budget)
     python bench/bench_fastsa.py big       # FastSA on a graph of about 1,000 compute nodes
+    python bench/bench_fastsa.py big --cold   # ... with the numba kernel compiled afresh
+
+``--accelerate python`` times the pure-Python loop instead of the numba kernel (the default
+``auto`` uses the kernel when numba is installed).
     python bench/bench_fastsa.py compare --rev a820644   # evaluation rate: old vs working tree
     python bench/bench_fastsa.py table     # predicted overhead at 30/50/70% of the autodiff peak
 
@@ -13,6 +17,8 @@ and the solve time.
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 from typing import Callable
 
@@ -69,19 +75,30 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def mutation_rate(graph: Graph, iters: int = 200_000, frac: float | None = None) -> dict:
+def warm_up(accelerate: str = "auto") -> float:
+    """Seconds to load (or compile, on a cold cache) the numba kernel: a tiny solve, so that
+    rates measure the annealing loop alone."""
+    start = time.perf_counter()
+    FastSA(seed=0, iters_grouped=10, iters_fine=10, accelerate=accelerate).solve(
+        random_graph(0, 3), 1 << 40)
+    return time.perf_counter() - start
+
+
+def mutation_rate(graph: Graph, iters: int = 200_000, frac: float | None = None,
+                  accelerate: str = "auto") -> dict:
     """Mutations drawn and evaluated per second in FastSA's grouped and fine annealing.
 
     An evaluated mutation is one that was valid and whose accept/reject decision was made
     (``bounded`` of them were rejected from a lower bound of the new objective alone).
     ``frac=None``: a budget it cannot reach (1/20 of the autodiff peak), so the first
     annealing runs all its iterations; else that fraction of the autodiff peak (the first
-    annealing stops once the budget is met).
+    annealing stops once the budget is met). The kernel is loaded first (``warm_up_s``).
     """
+    out: dict = dict(accelerate=accelerate, warm_up_s=round(warm_up(accelerate), 2))
     auto = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
-    solver = FastSA(seed=0, iters_grouped=iters, iters_fine=iters, time_limit=1e9)
+    solver = FastSA(seed=0, iters_grouped=iters, iters_fine=iters, time_limit=1e9,
+                    accelerate=accelerate)
     solver.solve(graph, max(1, auto.peak // 20) if frac is None else int(frac * auto.peak))
-    out = {}
     for stage, st in zip(("grouped", "fine"), solver.last_stats):
         out[stage] = dict(attempts=st.attempts, evaluated=st.evaluated, accepted=st.accepted,
                           bounded=st.bounded, seconds=round(st.seconds, 2),
@@ -121,7 +138,9 @@ def load_fastsa_at(rev: str):
 
 def compare_rates(graph: Graph, rev: str, iters: int = 200_000, rounds: int = 2) -> list[dict]:
     """Evaluated mutations per wall and CPU second, FastSA at ``rev`` vs the working tree,
-    interleaved (``rounds`` times each) so that both see the same machine load."""
+    interleaved (``rounds`` times each) so that both see the same machine load. Times whole
+    solves (grouping, both annealings, the final simulations), after the kernel is loaded."""
+    warm_up()
     auto = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
     budget = max(1, auto.peak // 20)
     rows = []
@@ -138,14 +157,19 @@ def compare_rates(graph: Graph, rev: str, iters: int = 200_000, rounds: int = 2)
     return rows
 
 
-def big_graph_solve(n_fwd: int = 500, frac: float = 0.5) -> dict:
-    """Solve time and result of FastSA (default settings) on ``random_graph(0, n_fwd)``."""
+def big_graph_solve(n_fwd: int = 500, frac: float = 0.5, accelerate: str = "auto") -> dict:
+    """Solve time and result of FastSA (default settings) on ``random_graph(0, n_fwd)``.
+
+    The time is that of the first solve in the process: it includes loading the numba kernel,
+    or compiling it when its cache is cold (``big --cold``)."""
     g = random_graph(0, n_fwd)
     auto = hiremate.simulate(g, hiremate.autodiff_schedule(g))
-    solver = FastSA(seed=0)
-    start = time.perf_counter()
+    solver = FastSA(seed=0, accelerate=accelerate)
+    start, cpu = time.perf_counter(), time.process_time()
     seq, peak, t = solver.solve(g, int(frac * auto.peak))
-    return dict(compute_nodes=len(g), solve_s=round(time.perf_counter() - start, 2),
+    return dict(compute_nodes=len(g), accelerate=accelerate,
+                solve_s=round(time.perf_counter() - start, 2),
+                solve_cpu_s=round(time.process_time() - cpu, 2),
                 peak_fraction=round(peak / auto.peak, 3), overhead=round(t / auto.time - 1, 3),
                 attempts=[st.attempts for st in solver.last_stats])
 
@@ -159,14 +183,23 @@ def main() -> None:
     parser.add_argument("--fanin", type=int, default=3, help="max fan-in of the random DAG")
     parser.add_argument("--frac", type=float, default=None,
                         help="rate: budget as a fraction of the autodiff peak (default: 1/20)")
+    parser.add_argument("--iters", type=int, default=200_000,
+                        help="rate: iterations of each annealing")
+    parser.add_argument("--accelerate", choices=["auto", "numba", "python"], default="auto",
+                        help="rate, big: FastSA's annealing loop in numba or in Python")
+    parser.add_argument("--cold", action="store_true",
+                        help="big: compile the numba kernel afresh (an empty cache directory)")
     args = parser.parse_args()
+    if args.cold:  # before numba is first imported (FastSA imports it on first use)
+        os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastsa_numba_cache_")
     if args.what == "rate":
-        print(mutation_rate(random_graph(0, args.n or 200), frac=args.frac))
+        print(mutation_rate(random_graph(0, args.n or 200), iters=args.iters, frac=args.frac,
+                            accelerate=args.accelerate))
     elif args.what == "compare":
         for row in compare_rates(random_graph(0, args.n or 200), args.rev):
             print(row)
     elif args.what == "big":
-        print(big_graph_solve(args.n or 500))
+        print(big_graph_solve(args.n or 500, accelerate=args.accelerate))
     else:
         for seed in args.seeds:
             g = random_graph(seed, args.n or 60, max_fanin=args.fanin)
