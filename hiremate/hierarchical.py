@@ -78,17 +78,25 @@ def assign_backward(graph: Graph, fwd_block: dict[int, int]) -> tuple[dict[int, 
     """Block of every backward node: a forward node's partner goes with it; another backward
     node joins the block of the data it reads when those come from one block or two neighbours
     (the lower one, whose backward reads the gradient anyway); the rest (e.g. sums of partial
-    gradients of a weight shared by distant blocks) stays at the top level (``tail``)."""
+    gradients of a weight shared by distant blocks) stays at the top level (``tail``).
+
+    Values of constant forward nodes (:mod:`hiremate.partition.constants`: masks, position ids)
+    count like inputs here: the top level keeps them alive for any block that reads them, so
+    they decide the block only when the node reads nothing else."""
+    from hiremate.partition.constants import constant_nodes
+
     bwd_block: dict[int, int] = {}
     for n in graph.fwd_nodes:
         if n.partner is not None:
             bwd_block[n.partner] = fwd_block[n.id]
     loss = graph.loss
+    const = constant_nodes(graph)
     tail: list[int] = []
     for n in graph.bwd_nodes:
         if n.id in bwd_block:
             continue
         blocks: set[int] = set()
+        const_blocks: set[int] = set()
         orphan = False
         for d in n.inputs:
             p = graph.data[d].producer
@@ -97,8 +105,11 @@ def assign_backward(graph: Graph, fwd_block: dict[int, int]) -> tuple[dict[int, 
             b = fwd_block.get(p) if p < loss else bwd_block.get(p)
             if b is None:
                 orphan = True
+            elif p in const:
+                const_blocks.add(b)
             else:
                 blocks.add(b)
+        blocks = blocks or const_blocks
         if blocks and not orphan and max(blocks) - min(blocks) <= 1:
             bwd_block[n.id] = min(blocks)
         else:
@@ -269,6 +280,51 @@ class TopProblem:
     tail: list[int]
 
 
+def long_lived(problem: TopProblem) -> tuple[dict[int, int], dict[int, tuple[int, int, int]]]:
+    """Values that a chain of blocks does not account for, with their counted sizes.
+
+    A chain composer (rk-Rotor) assumes that block ``i``'s forward values are read by blocks
+    ``i`` and ``i + 1`` only (by the loss when ``i`` is the last block), that only the last
+    block returns model outputs, that the loss's gradients are read by the last block only and
+    that block ``i``'s backward gradients are read by blocks ``i`` and ``i - 1`` only. A value
+    read elsewhere lives on past its place in the chain: a hoisted constant read by every layer,
+    a value read by a top-level tail node (e.g. the partial gradient of a weight shared by the
+    first and the last block, summed at the end), the gradient of a model output returned by an
+    earlier block. Translated schedules keep such a value until its last read before it is
+    produced again (:func:`flatten`).
+
+    Returns the forward values (data id -> size), which the chain then counts as alive
+    throughout, and the backward-phase values (data id -> size, ``lo``, ``hi``): alive from the
+    step that produces the chain's gradient ``δ^hi`` (the loss for ``hi = L``, block ``hi``'s
+    backward otherwise, 0-based) to the step that consumes ``δ^lo`` (the end for ``lo = 0``),
+    which the chain counts as part of ``δ^lo .. δ^hi``. Both bound the real memory from above
+    (:meth:`RkRotorTop.block_chain`)."""
+    graph = problem.graph
+    L = len(problem.blocks)
+    loss = graph.loss
+    pos: dict[int, int] = {loss: L}
+    for i, blk in enumerate(problem.blocks):
+        pos.update({n: i for n in blk.fwd})
+        pos.update({n: i for n in blk.bwd})
+    outputs = set(graph.outputs)
+    fwd_held: dict[int, int] = {}
+    bwd_held: dict[int, tuple[int, int, int]] = {}
+    for d in graph.data:
+        if not d.counted or d.producer is None:
+            continue
+        p = pos.get(d.producer)
+        if p is None:
+            continue
+        readers = {pos.get(u) for u in graph.users(d.id)}
+        if graph.nodes[d.producer].is_fwd:
+            if (d.id in outputs and p != L - 1) or not readers <= {p, p + 1}:
+                fwd_held[d.id] = d.size
+        elif not readers <= ({L - 1} if p == L else {p, p - 1}):
+            last = -1 if None in readers else min(readers)  # None: a tail node, at the end
+            bwd_held[d.id] = (d.size, min(last + 1, p), p)
+    return fwd_held, bwd_held
+
+
 def flatten(problem: TopProblem, pieces: Sequence[Sequence[int]]) -> Schedule:
     """Join compute-id pieces, run each tail node as soon as its inputs exist (after the loss),
     and derive the frees."""
@@ -330,18 +386,32 @@ class RkRotorTop:
         return True
 
     def block_chain(self, problem: TopProblem):
+        from dataclasses import replace
+
         from hiremate.solvers.rk_rotor import Block as RBlock, BlockChain
 
         graph = problem.graph
-        counted = lambda ids: sum(graph.data[d].size for d in ids if graph.data[d].counted)  # noqa
+        # values living past their place in the chain: counted once, as held throughout
+        fwd_held, bwd_held = long_lived(problem)
+        held = fwd_held.keys() | bwd_held.keys()
+        self.held = sum(fwd_held.values())
+        counted = lambda ids: sum(graph.data[d].size for d in ids  # noqa: E731
+                                  if graph.data[d].counted and d not in held)
+        # a held model output is never freed: recomputing its block's forward holds it twice
+        # while the producing step runs (the simulator's rule), so that block's steps add it
+        outputs = set(graph.outputs)
+        twice = [sum(fwd_held[d] for d in blk.data_map if d in fwd_held and d in outputs
+                     and graph.data[d].producer in blk.fwd) for blk in problem.blocks]
         rblocks, x, g_in, g_out = [], [], [], []
         self._fe: list[list[int]] = []
-        for blk in problem.blocks:
+        for blk, extra in zip(problem.blocks, twice):
             sub = blk.graph
             fe = min(blk.options, key=lambda o: (o.fwd_peak, o.fwd_time))
             self._fe.append(blk.sequence(fe.fwd))
-            rblocks.append(RBlock(tuple(blk.options), fe_time=fe.fwd_time,
-                                  fe_overhead=fe.fwd_peak))
+            opts = tuple(blk.options) if not extra else tuple(
+                replace(o, fwd_peak=o.fwd_peak + extra, bwd_peak=o.bwd_peak + extra)
+                for o in blk.options)
+            rblocks.append(RBlock(opts, fe_time=fe.fwd_time, fe_overhead=fe.fwd_peak + extra))
             x.append(counted(blk.data_map[d] for d in sub.outputs))
             g_in.append(counted(blk.data_map[d] for d in sub.nodes[sub.loss].outputs))
             g_out.append(counted(blk.data_map[d.id] for d in sub.data
@@ -351,13 +421,22 @@ class RkRotorTop:
                      if graph.data[d].producer is not None and graph.data[d].producer < graph.loss
                      and graph.data[d].kind in COUNTED_KINDS and d not in
                      {first.data_map[o] for o in first.graph.outputs}
-                     and graph.data[d].producer not in first.fwd)
+                     and graph.data[d].producer not in first.fwd) + self.held
         L = len(rblocks)
         xs = [x0] + x
         gs = [g_out[0]] + [max(g_in[i], g_out[i + 1] if i + 1 < L else 0) for i in range(L)]
         last_out = problem.blocks[-1]
         kept = counted(last_out.data_map[d] for d in last_out.graph.outputs
                        if last_out.data_map[d] in set(graph.outputs))
+        # a backward-phase value alive while the DP holds δ^lo .. δ^hi joins them (counted
+        # twice while the backward parts in between run); alive from the loss (or from the last
+        # block's backward, which follows it) to the end, it is kept from the loss on
+        for size, lo, hi in bwd_held.values():
+            if lo == 0 and hi >= L - 1:
+                kept += size
+            else:
+                for k in range(lo, hi + 1):
+                    gs[k] += size
         return BlockChain(tuple(rblocks), tuple(float(v) for v in xs),
                           tuple(float(v) for v in gs), graph.nodes[graph.loss].time, float(kept))
 

@@ -4,7 +4,8 @@
 every forward op ``i`` gets a backward node that reads the values it saved (its inputs and,
 optionally, its output) and the gradient of its output, and produces the gradients of its
 inputs. When a value has several consumers, each consumer produces a partial gradient and the
-producer's backward node sums them.
+producer's backward node sums them. Values that need no gradient (computed from user inputs that
+require none, without parameters: masks, position ids) get no backward node and no gradient.
 """
 
 from __future__ import annotations
@@ -37,11 +38,21 @@ class DagOp:
 
 
 def graph_from_dag(
-    ops: list[DagOp], input_sizes: list[int] | None = None, outputs: list[int] | None = None
+    ops: list[DagOp], input_sizes: list[int] | None = None, outputs: list[int] | None = None,
+    input_requires_grad: list[bool] | None = None,
 ) -> Graph:
-    """Build the CD-graph of a forward DAG (see module docstring)."""
+    """Build the CD-graph of a forward DAG (see module docstring). ``input_requires_grad``
+    (default: all) says which user inputs need a gradient; it is recorded in the graph's meta
+    as :func:`hiremate.build_graph` does."""
     n = len(ops)
     input_sizes = input_sizes or [ops[0].size if ops else 1]
+    input_rg = list(input_requires_grad) if input_requires_grad is not None \
+        else [True] * len(input_sizes)
+    # an op needs a gradient when it has a parameter or reads a value that needs one
+    needs: list[bool] = []
+    for op in ops:
+        needs.append(op.has_param or any(needs[j] if j >= 0 else input_rg[-1 - j]
+                                         for j in op.inputs))
     consumers: list[list[int]] = [[] for _ in range(n)]
     for i, op in enumerate(ops):
         for j in op.inputs:
@@ -83,7 +94,8 @@ def graph_from_dag(
 
     loss_id = len(nodes)
     out_set = list(dict.fromkeys(outputs))
-    tangents = {o: add_data(f"g_out{o}", DataKind.TANGENT, ops[o].size, loss_id) for o in out_set}
+    tangents = {o: add_data(f"g_out{o}", DataKind.TANGENT, ops[o].size, loss_id) for o in out_set
+                if needs[o]}
     nodes.append(ComputeNode(loss_id, "loss", NodeKind.LOSS, tuple(act[o] for o in out_set),
                              tuple(tangents.values()), 0.0, 0))
 
@@ -93,6 +105,8 @@ def graph_from_dag(
     for i in reversed(range(n)):
         op = ops[i]
         nid = len(nodes)
+        if not needs[i]:
+            continue
         grads_in = [partial[(i, c)] for c in consumers[i]]
         if i in tangents:
             grads_in.append(tangents[i])
@@ -107,6 +121,8 @@ def graph_from_dag(
             ins.append(act[i])
         outs: list[int] = []
         for j in dict.fromkeys(op.inputs):
+            if not (needs[j] if j >= 0 else input_rg[-1 - j]):
+                continue
             if j >= 0:
                 g = add_data(f"g{j}_from{i}", DataKind.GRAD, ops[j].size, nid)
                 partial[(j, i)] = g
@@ -133,7 +149,10 @@ def graph_from_dag(
         ComputeNode(**{**_fields(nd), "partner": partner_of.get(nd.id)}) if nd.is_fwd else nd
         for nd in nodes
     ]
-    return Graph(nodes, data, [act[o] for o in out_set], meta={"synthetic": True})
+    meta: dict = {"synthetic": True}
+    if input_requires_grad is not None:
+        meta["input_requires_grad"] = input_rg
+    return Graph(nodes, data, [act[o] for o in out_set], meta=meta)
 
 
 def _fields(node: ComputeNode) -> dict:

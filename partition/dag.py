@@ -8,15 +8,19 @@ without a full :class:`hiremate.Graph`.
 Edges are the union of memory dependencies and soft (shape-only) dependencies: soft edges
 constrain the order, so they count for convexity (paper, C.1.2), but they carry no bytes.
 Values that no forward node produces (parameters, buffers, user inputs) bring no edge and no
-cost (paper, C.1.3): they stay alive throughout whatever the schedule does.
+cost (paper, C.1.3): they stay alive throughout whatever the schedule does. Nodes computed only
+from values that need no gradient (masks, position ids) are marked ``constant``: a partitioner
+may run them first and treat their values the same way (:mod:`.constants`).
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hiremate.graph import Graph
+
+from .constants import constant_nodes
 
 
 @dataclass(slots=True)
@@ -28,6 +32,9 @@ class ForwardDag:
     value ``v`` as a memory dependency; ``value_is_output[v]`` says the loss reads it.
     ``weight[i]``: how many original nodes node ``i`` stands for (1 at the bottom level).
     ``labels[i]``: a code label used to recognise identical subgraphs without a Graph.
+    ``constant[i]``: node ``i`` computes only from values that need no gradient, so it may run
+    before everything else (:mod:`.constants`); empty when unknown (every node then counts as
+    non-constant).
     """
 
     preds: list[tuple[int, ...]]
@@ -37,6 +44,7 @@ class ForwardDag:
     value_is_output: list[bool]
     weight: list[int]
     labels: list[str]
+    constant: list[bool] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -77,6 +85,7 @@ class ForwardDag:
         values: list[tuple[int, int, list[int], bool]],
         labels: list[str] | None = None,
         soft_preds: list[list[int]] | None = None,
+        constant: list[bool] | None = None,
     ) -> "ForwardDag":
         """Build from per-node predecessors and ``(producer, size, users, is_output)`` values.
 
@@ -97,6 +106,7 @@ class ForwardDag:
             value_is_output=[bool(v[3]) for v in values],
             weight=[1] * n,
             labels=list(labels) if labels is not None else ["op"] * n,
+            constant=list(constant) if constant is not None else [],
         )
 
 
@@ -128,7 +138,9 @@ def forward_dag(graph: Graph) -> tuple[ForwardDag, list[int], list[int]]:
             if u in index:
                 preds[index[u]].add(p)
     labels = [graph.nodes[nid].signature or graph.nodes[nid].name for nid in node_ids]
-    dag = ForwardDag.build([sorted(s) for s in preds], values, labels)
+    const = constant_nodes(graph)
+    dag = ForwardDag.build([sorted(s) for s in preds], values, labels,
+                           constant=[nid in const for nid in node_ids])
     return dag, node_ids, value_ids
 
 
@@ -191,5 +203,6 @@ def contract(dag: ForwardDag, blocks: list[list[int]]) -> tuple[ForwardDag, list
     weight = [sum(dag.weight[u] for u in blocks[b]) for b in order]
     labels = ["+".join(dag.labels[u] for u in sorted(blocks[b])) if len(blocks[b]) == 1
               else f"group{len(blocks[b])}" for b in order]
-    new = ForwardDag(new_preds, sizes, producers, users_out, is_out, weight, labels)
+    constant = [all(dag.constant[u] for u in blocks[b]) for b in order] if dag.constant else []
+    new = ForwardDag(new_preds, sizes, producers, users_out, is_out, weight, labels, constant)
     return new, [tuple(sorted(blocks[b])) for b in order]

@@ -7,26 +7,44 @@ convex), linked by a single node's values; rk-Rotor's dynamic program then solve
 Soft dependencies count as edges; user inputs and parameters bring none (paper, C.1.3), which
 is what lets an encoder-decoder model be cut at all. Blocks may be arbitrarily large: this
 partitioner only finds the sequential structure there is.
+
+Constant values (an attention mask or position ids, computed from nothing that needs a
+gradient, :mod:`.constants`) are read by every layer and would leave no separator between the
+layers. Their nodes are hoisted into a first block, the *prologue*, and their edges are left out
+when looking for separators in the rest, the way inputs are; the blocks that read them get them
+as inputs from the prologue, which the top level keeps alive (``const_fraction`` bounds their
+size; 0 turns hoisting off).
+
 """
 
 from __future__ import annotations
 
+import logging
+
+from hiremate.errors import ConfigError
 from hiremate.graph import Graph
 
+from .constants import DEFAULT_FRACTION, prologue
 from .dag import ForwardDag, forward_dag
 from .hierarchy import Hierarchy, hierarchy_from_levels
+
+log = logging.getLogger(__name__)
 
 
 def separators(dag: ForwardDag) -> list[int]:
     """Nodes s such that no edge goes from a node before s to a node after s."""
-    furthest = [-1] * dag.n  # furthest successor of each node
-    for i, ps in enumerate(dag.preds):
+    return _separators(dag.preds)
+
+
+def _separators(preds: list[tuple[int, ...]]) -> list[int]:
+    furthest = [-1] * len(preds)  # furthest successor of each node
+    for i, ps in enumerate(preds):
         for p in ps:
             if i > furthest[p]:
                 furthest[p] = i
     out = []
     reach = -1  # furthest successor of the nodes strictly before s
-    for s in range(dag.n):
+    for s in range(len(preds)):
         if reach <= s:
             out.append(s)
         reach = max(reach, furthest[s])
@@ -35,33 +53,66 @@ def separators(dag: ForwardDag) -> list[int]:
 
 def sequence_blocks(dag: ForwardDag) -> list[tuple[int, ...]]:
     """Blocks of the chain: each ends at a separator (the last block at the last node)."""
+    return _interval_blocks(dag.preds)
+
+
+def _interval_blocks(preds: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     blocks: list[tuple[int, ...]] = []
     start = 0
-    for s in separators(dag):
+    for s in _separators(preds):
         blocks.append(tuple(range(start, s + 1)))
         start = s + 1
-    if start < dag.n:
-        blocks.append(tuple(range(start, dag.n)))
+    if start < len(preds):
+        blocks.append(tuple(range(start, len(preds))))
+    return blocks
+
+
+def hoisted_blocks(dag: ForwardDag, const_fraction: float = DEFAULT_FRACTION
+                   ) -> list[tuple[int, ...]]:
+    """The prologue (when some constant values fit ``const_fraction``), then the chain of the
+    other nodes cut at the separators found without the prologue's edges.
+
+    The prologue is closed under predecessors, so no edge enters it from the rest and each
+    block of the rest (an interval of the rest's order) stays convex in the whole DAG.
+    """
+    pro = prologue(dag, const_fraction)
+    if not pro:
+        return sequence_blocks(dag)
+    hoisted = set(pro)
+    rest = [i for i in range(dag.n) if i not in hoisted]
+    index = {u: k for k, u in enumerate(rest)}
+    preds = [tuple(index[p] for p in dag.preds[u] if p not in hoisted) for u in rest]
+    blocks = [tuple(pro)] + [tuple(rest[k] for k in b) for b in _interval_blocks(preds)]
+    log.info("sequence partition: %d constant nodes hoisted into a prologue, %d blocks "
+             "(%d without hoisting)", len(pro), len(blocks), len(sequence_blocks(dag)))
     return blocks
 
 
 class SequencePartition:
-    """Hierarchy of depth 2: the root is the chain of blocks found at 1-separators."""
+    """Hierarchy of depth 2: the root is the chain of blocks found at 1-separators, after a
+    prologue of hoisted constant nodes (module docstring)."""
 
     name = "sequence"
 
+    def __init__(self, const_fraction: float = DEFAULT_FRACTION):
+        if not 0 <= const_fraction <= 1:
+            raise ConfigError(f"const_fraction={const_fraction} must be in [0, 1] (a share of "
+                              "the forward values' bytes; 0 turns hoisting off)")
+        self.const_fraction = float(const_fraction)
+
     def __repr__(self) -> str:
-        return "SequencePartition()"
+        if self.const_fraction == DEFAULT_FRACTION:
+            return "SequencePartition()"
+        return f"SequencePartition(const_fraction={self.const_fraction})"
 
     def partition_dag(self, dag: ForwardDag) -> Hierarchy:
-        return hierarchy_from_levels(dag, _levels(dag), partitioner=repr(self))
+        return hierarchy_from_levels(dag, self._levels(dag), partitioner=repr(self))
 
     def partition(self, graph: Graph) -> Hierarchy:
         dag, node_ids, _ = forward_dag(graph)
-        return hierarchy_from_levels(dag, _levels(dag), partitioner=repr(self), graph=graph,
-                                     node_ids=node_ids)
+        return hierarchy_from_levels(dag, self._levels(dag), partitioner=repr(self),
+                                     graph=graph, node_ids=node_ids)
 
-
-def _levels(dag: ForwardDag) -> list[list[tuple[int, ...]]]:
-    blocks = sequence_blocks(dag)
-    return [blocks] if len(blocks) < dag.n else []
+    def _levels(self, dag: ForwardDag) -> list[list[tuple[int, ...]]]:
+        blocks = hoisted_blocks(dag, self.const_fraction)
+        return [blocks] if len(blocks) < dag.n else []
