@@ -22,6 +22,7 @@ from hiremate.menu_cache import MenuCache, graph_key
 from hiremate.partition import HPartition, SequencePartition
 from hiremate.schedule import Compute, recomputations
 from hiremate.synthetic import random_graph
+from test_partition import masked_layers, with_constants
 from test_registry import residual_chain
 
 FAST = {"progress": False, "n_jobs": 1, "cache": False,
@@ -84,6 +85,45 @@ def test_store_all_blocks_flatten_to_a_valid_schedule_without_recomputation(seed
     assert recomputations(sched) == 0
     assert sorted(s.node for s in sched if isinstance(s, Compute)) == list(range(len(g.nodes)))
     assert sim.time == pytest.approx(g.total_time())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 40), n_const=st.integers(0, 4),
+       p_soft=st.sampled_from([0.0, 2.0]))
+def test_rk_rotor_chain_model_bounds_the_simulated_peak(seed, n, n_const, p_soft):
+    """Property: with values read outside the chain (hoisted constants read by distant blocks,
+    partial gradients summed by tail nodes, model outputs of earlier blocks and their
+    gradients), rk-Rotor's chain model still counts what the translated schedule holds: the
+    DP's peak bounds the simulated peak, from the least budget to the store-all one."""
+    from hiremate.hierarchical import RkRotorTop
+    from hiremate.solvers.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
+
+    g, _ = with_constants(seed, n, n_const, 1.0, p_soft)
+    blocks, tail = make_blocks(g, SequencePartition().partition(g))
+    for b in blocks:
+        b.options = [store_all_option(b.graph)]
+    problem = TopProblem(g, blocks, tail)
+    top = RkRotorTop()
+    bc = top.block_chain(problem)
+    L = bc.L
+    store = ([BlockOp("Fn", i, 0) for i in range(1, L + 1)] + [BlockOp("Loss", L + 1)]
+             + [BlockOp("B", i, 0) for i in range(L, 0, -1)])
+    low, high = block_min_budget(bc), simulate_blocks(bc, store).peak
+    for f in (0.0, 0.3, 0.6, 1.0):
+        sol = solve_blocks(bc, (low + f * (high - low)) * (1 + 1e-9), 300)
+        sim = hiremate.simulate(g, top.translate(problem, sol.ops))
+        assert sim.valid, sim.error
+        assert sim.peak <= sol.peak + 1e-6, (f, sim.peak, sol.peak)
+
+
+def test_hoisted_mask_solve_is_valid_and_per_layer():
+    """A mask read by every layer is hoisted: one block per layer, and both composers'
+    schedules are valid within the budget, the report's prediction being the simulator's."""
+    g = masked_layers(6, 40)
+    for top in ("rk-rotor", "hilp-top"):
+        res = solve_graph(g, 0.5, hier(top=[top]))
+        check(g, res)
+        assert res.report["blocks"] == 2 + 6 and res.report["solver"] == top
 
 
 # -- the solve ------------------------------------------------------------------------------------

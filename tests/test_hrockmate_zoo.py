@@ -89,6 +89,46 @@ def test_infeasible_budget_on_a_model(tmp_path):
     assert hiremate.simulate(remat.graph, remat.schedule).peak <= low
 
 
+def test_gpt2_hoisted_mask_blocks_solve_and_gradients():
+    """GPT-2 (4 layers, float64) on the hierarchical path: its causal mask and position ids are
+    hoisted, so the chain is cut at every residual add (13 blocks). rk-Rotor's chain model
+    counts the hoisted values (its peak bounds the simulated one), each composer's schedule is
+    valid within half the autodiff peak with the report's prediction equal to the simulator's,
+    and the executor's gradients equal eager PyTorch's. (TW-Remat menus and a short H-ILP keep
+    this test fast; the slow zoo test runs the default preset.)"""
+    from hiremate.hierarchical import RkRotorTop, TopProblem, make_blocks, store_all_option
+    from hiremate.partition import SequencePartition
+    from hiremate.solvers.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
+
+    model, sample = zoo.get("gpt2", layers=4, width=32, dtype=torch.float64)
+    graph = hiremate.build_graph(model, sample, cost_model="flops")
+    cfg = {"cache": False, "calibrate": 0, "flat_max_nodes": 0, "sample": sample, **FAST,
+           "bottom": ["twremat"],
+           "solver_params": {"hilp-top": {"time_limit": 2.0, "retries": 1}}}
+    for top in ("rk-rotor", "hilp-top"):
+        remat = HRockmate.from_graph(model, graph, 0.5, top=[top], **cfg)
+        rep = remat.report()
+        assert rep["blocks"] == 13 and rep["largest_block"] <= 30 and rep["solver"] == top
+        assert rep["predicted_peak"] == hiremate.simulate(graph, remat.schedule).peak
+        check_model(f"gpt2 {top}", remat, model, sample)
+    # the chain model against the simulator, from the least budget to the store-all one
+    blocks, tail = make_blocks(graph, SequencePartition().partition(graph))
+    for b in blocks:
+        b.options = [store_all_option(b.graph)]
+    problem = TopProblem(graph, blocks, tail)
+    composer = RkRotorTop()
+    bc = composer.block_chain(problem)
+    assert composer.held >= 8 * 8 * 8  # the float64 mask (seq 8 x seq 8) at least
+    L = bc.L
+    store = ([BlockOp("Fn", i, 0) for i in range(1, L + 1)] + [BlockOp("Loss", L + 1)]
+             + [BlockOp("B", i, 0) for i in range(L, 0, -1)])
+    low, high = block_min_budget(bc), simulate_blocks(bc, store).peak
+    for f in (0.0, 0.5, 1.0):
+        sol = solve_blocks(bc, (low + f * (high - low)) * (1 + 1e-9), 100)
+        sim = hiremate.simulate(graph, composer.translate(problem, sol.ops))
+        assert sim.valid and sim.peak <= sol.peak, (f, sim.peak, sol.peak)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", zoo.names())
 def test_zoo_model_at_half_the_autodiff_peak(name, tmp_path):
