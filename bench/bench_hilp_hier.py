@@ -27,18 +27,21 @@ def build(name: str):
     return hiremate.build_graph(model, sample, cost_model="flops")
 
 
-def menus(graph, menu_time: float, cache_dir: str | None, grid: tuple[int, int, int] | None = None):
+def menus(graph, menu_time: float, cache_dir: str | None, grid: tuple[int, int, int] | None = None,
+          peel_min: int = 0):
     """Blocks of the sequence partition with H-ILP menus (the ``hilp`` preset's bottom level;
-    ``grid``: (menu_peaks, menu_saves, n_options) instead of the preset's)."""
+    ``grid``: (menu_peaks, menu_saves, n_options) instead of the preset's; ``peel_min``: peel
+    the sinks of blocks of at least that many forward nodes, :mod:`hiremate.partition.peel`)."""
     from hiremate.config import load_config
     from hiremate.hierarchical import TopProblem, make_blocks, solve_menus
     from hiremate.menu_cache import MenuCache
-    from hiremate.partition import SequencePartition
+    from hiremate.partition import PeelPartition, SequencePartition
 
     extra = {} if grid is None else dict(zip(("menu_peaks", "menu_saves", "n_options"), grid))
     cfg = load_config("hilp", n_jobs=1, cache=False, progress=False, **extra,
                       solver_params={"hilp": {"time_limit": menu_time, "max_nodes": 400}})
-    blocks, tail = make_blocks(graph, SequencePartition().partition(graph))
+    part = PeelPartition("sequence", peel_min) if peel_min else SequencePartition()
+    blocks, tail = make_blocks(graph, part.partition(graph))
     t0 = time.perf_counter()
     solve_menus(blocks, cfg, MenuCache(cache_dir, enabled=cache_dir is not None))
     return TopProblem(graph, blocks, tail), time.perf_counter() - t0
@@ -60,6 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grid", nargs=3, type=int, default=None,
                     metavar=("PEAKS", "SAVES", "OPTIONS"),
                     help="menu budget grid and options kept per block (default: the hilp preset's)")
+    ap.add_argument("--peel-min", type=int, default=0,
+                    help="peel the sinks of the sequence partition's blocks of at least this "
+                         "many forward nodes (partition 'peel'; 0: off)")
     ap.add_argument("--no-flat", action="store_true")
     ap.add_argument("--no-lp", action="store_true")
     ap.add_argument("-v", action="store_true")
@@ -78,7 +84,7 @@ def main(argv=None) -> int:
     for name in args.models:
         g = build(name)
         ad = simulate(g, autodiff_schedule(g))
-        problem, menu_s = menus(g, args.menu_time, args.cache_dir, args.grid)
+        problem, menu_s = menus(g, args.menu_time, args.cache_dir, args.grid, args.peel_min)
         for frac in args.budgets:
             budget = int(frac * ad.peak)
             ovh = lambda t: f"{100 * (t / ad.time - 1):.2f}%"  # noqa: E731

@@ -17,6 +17,7 @@ from .draw import draw_hierarchy
 from .flat import FlatPartition
 from .hierarchy import Hierarchy, Part, Subgraph
 from .hpartition import HPartition
+from .peel import PeelPartition
 from .sequence import SequencePartition
 
 
@@ -33,6 +34,7 @@ PARTITIONERS: dict[str, type] = {
     "hpartition": HPartition,
     "sequence": SequencePartition,
     "flat": FlatPartition,
+    "peel": PeelPartition,
 }
 
 
@@ -52,6 +54,6 @@ def make_partitioner(name: str, **params: Any) -> Partitioner:
 
 __all__ = [
     "FlatPartition", "ForwardDag", "HPartition", "Hierarchy", "PARTITIONERS", "Part",
-    "Partitioner", "SequencePartition", "Subgraph", "SubgraphClass", "Translation", "contract",
-    "draw_hierarchy", "forward_dag", "make_partitioner",
+    "Partitioner", "PeelPartition", "SequencePartition", "Subgraph", "SubgraphClass",
+    "Translation", "contract", "draw_hierarchy", "forward_dag", "make_partitioner",
 ]

@@ -612,7 +612,7 @@ def test_flat_partition():
 
 
 def test_registry_and_protocol():
-    assert set(PARTITIONERS) == {"hpartition", "sequence", "flat"}
+    assert set(PARTITIONERS) == {"hpartition", "sequence", "flat", "peel"}
     graph = random_graph(4, 20, 2)
     for name in PARTITIONERS:
         p = make_partitioner(name)
