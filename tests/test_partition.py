@@ -573,6 +573,38 @@ def test_sequence_hoisting_bound_and_switch():
         assert h.top[0] == Part("node", 0)  # the mask: hoisted, or first in the order anyway
     with pytest.raises(ConfigError):
         make_partitioner("sequence", const_fraction=1.5)
+    with pytest.raises(ConfigError):
+        make_partitioner("sequence", max_blocks=-1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 30), st.integers(1, 12))
+def test_merge_chain_bounds_the_chain_and_keeps_repeats(layers, max_blocks):
+    """At most ``max_blocks`` blocks after the prologue, each a union of consecutive chain
+    blocks (so the hierarchy stays convex and a chain); identical layers give at most a few
+    distinct unions (plus the ends)."""
+    graph = masked_layers(layers, 40)
+    h = SequencePartition(max_blocks=max_blocks).partition(graph)
+    check_hierarchy(h, graph, None, None)
+    ref = SequencePartition(max_blocks=0).partition(graph)
+    chain = [tuple(sorted(ref.leaves(p))) for p in ref.top[1:]]
+    merged = [tuple(sorted(h.leaves(p))) for p in h.top[1:]]
+    assert h.top[0] == ref.top[0] == Part("node", 0)  # the hoisted mask
+    assert len(merged) <= max(max_blocks, 1) and len(merged) <= len(chain)
+    if len(chain) <= max_blocks:
+        assert merged == chain
+    flat = [u for b in merged for u in b]
+    assert flat == [u for b in chain for u in b]  # unions of consecutive blocks, in order
+    starts = {b[0] for b in chain}
+    assert all(b[0] in starts for b in merged)
+    g = fwd_digraph(graph)
+    owner = h.owner(h.depth - 1)
+    order = {p: k for k, p in enumerate(h.top)}
+    for u, v in g.edges:
+        if u != 0:
+            assert order[owner[v]] - order[owner[u]] in (0, 1)
+    sizes = [len(b) for b in merged[1:-1]]
+    assert len(set(sizes)) <= 2  # repeating unions of repeating layers
 
 
 def test_zoo_gpt2_sequence_cuts_every_layer():
