@@ -92,10 +92,11 @@ def test_infeasible_budget_on_a_model(tmp_path):
 def test_gpt2_hoisted_mask_blocks_solve_and_gradients():
     """GPT-2 (4 layers, float64) on the hierarchical path: its causal mask and position ids are
     hoisted, so the chain is cut at every residual add (13 blocks). rk-Rotor's chain model
-    counts the hoisted values (its peak bounds the simulated one), each composer's schedule is
-    valid within half the autodiff peak with the report's prediction equal to the simulator's,
-    and the executor's gradients equal eager PyTorch's. (TW-Remat menus and a short H-ILP keep
-    this test fast; the slow zoo test runs the default preset.)"""
+    counts the hoisted values (its peak bounds the simulated one), its schedule is valid within
+    half the autodiff peak, the report's prediction is the simulator's, and the executor's
+    gradients equal eager PyTorch's. (TW-Remat menus and rk-Rotor keep this test fast;
+    ``test_hoisted_mask_solve_is_valid_and_per_layer`` covers hilp-top with hoisted values, the
+    slow zoo test the default preset.)"""
     from hiremate.hierarchical import RkRotorTop, TopProblem, make_blocks, store_all_option
     from hiremate.partition import SequencePartition
     from hiremate.solvers.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
@@ -103,14 +104,12 @@ def test_gpt2_hoisted_mask_blocks_solve_and_gradients():
     model, sample = zoo.get("gpt2", layers=4, width=32, dtype=torch.float64)
     graph = hiremate.build_graph(model, sample, cost_model="flops")
     cfg = {"cache": False, "calibrate": 0, "flat_max_nodes": 0, "sample": sample, **FAST,
-           "bottom": ["twremat"],
-           "solver_params": {"hilp-top": {"time_limit": 2.0, "retries": 1}}}
-    for top in ("rk-rotor", "hilp-top"):
-        remat = HRockmate.from_graph(model, graph, 0.5, top=[top], **cfg)
-        rep = remat.report()
-        assert rep["blocks"] == 13 and rep["largest_block"] <= 30 and rep["solver"] == top
-        assert rep["predicted_peak"] == hiremate.simulate(graph, remat.schedule).peak
-        check_model(f"gpt2 {top}", remat, model, sample)
+           "bottom": ["twremat"], "top": ["rk-rotor"]}
+    remat = HRockmate.from_graph(model, graph, 0.5, **cfg)
+    rep = remat.report()
+    assert rep["blocks"] == 13 and rep["largest_block"] <= 30 and rep["solver"] == "rk-rotor"
+    assert rep["predicted_peak"] == hiremate.simulate(graph, remat.schedule).peak
+    check_model("gpt2", remat, model, sample)
     # the chain model against the simulator, from the least budget to the store-all one
     blocks, tail = make_blocks(graph, SequencePartition().partition(graph))
     for b in blocks:
