@@ -7,6 +7,12 @@ the simulator is the truth: the translated compute sequence gets its frees from
 :func:`~hiremate.solvers.remat_sequence.sequence_to_schedule` (eager, never later than the
 MILP's), and when its simulated peak leaves room below the budget, the MILP is solved again
 with a higher abstract budget (or a lower one when it overshoots), ``retries`` times at most.
+
+Then, ``refine_rounds`` times at most, the menus of the large blocks are refined for the
+context of the fastest schedule found (:mod:`hiremate.solvers.hilp_refine`: each block's H-ILP
+solved again at the memory the rest of that schedule leaves to it) and the top level is solved
+again with them, starting from the abstract budget that worked; the rounds stop as soon as one
+brings no new option or no faster schedule. Every candidate of every round is returned.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hiremate.errors import SolverError
+from hiremate.errors import ConfigError, SolverError
 from hiremate.graph import Graph
 from hiremate.simulator import SimulationResult, simulate
 from hiremate.units import fmt_bytes
@@ -56,13 +62,23 @@ class HilpTop:
     composer = True
 
     def __init__(self, time_limit: float = 30.0, mip_gap: float = 1e-4, retries: int = 4,
-                 backend: str = "highs", threads: int = 1, checkpoint: bool = True):
+                 backend: str = "highs", threads: int = 1, checkpoint: bool = True,
+                 refine_rounds: int = 1, refine_min: int = 8, refine_time: float = 20.0):
+        """``refine_rounds``: context-aware menu refinement rounds (0: off) for the blocks of
+        at least ``refine_min`` forward nodes, ``refine_time`` seconds per block H-ILP (none
+        is started after four times that in a round)."""
         self.time_limit = float(time_limit)
         self.mip_gap = float(mip_gap)
         self.retries = int(retries)
         self.backend = backend
         self.threads = int(threads)
         self.checkpoint = bool(checkpoint)
+        if int(refine_rounds) != refine_rounds or refine_rounds < 0:
+            raise ConfigError(f"hilp-top: refine_rounds={refine_rounds} must be a whole "
+                              "number >= 0 (0 turns the menu refinement off)")
+        self.refine_rounds = int(refine_rounds)
+        self.refine_min = int(refine_min)
+        self.refine_time = float(refine_time)
 
     def applicable(self, graph: Graph) -> bool:
         return True
@@ -88,14 +104,58 @@ class HilpTop:
     def compose(self, problem: "TopProblem", budget: int) -> tuple[list["Candidate"], int | None]:
         """Candidates within ``budget`` (simulated) and the lowest simulated peak reached."""
         from hiremate.hierarchical import Candidate
+        from hiremate.simulator import autodiff_schedule
+        from hiremate.solvers.hilp_refine import refine
+
+        found, lowest, kept = self._search(problem, budget, int(budget))
+        for r in range(self.refine_rounds):
+            if not kept:
+                break
+            best = min(kept, key=lambda c: c[0].sim.time)
+            cand, top, steps = best
+            new_problem, facts = refine(problem, top, steps, cand.schedule, budget,
+                                        self.refine_min, self.refine_time,
+                                        4 * self.refine_time)
+            log.info("hilp-top refinement round %d: %s", r + 1, facts)
+            if new_problem is None:
+                break
+            try:
+                more, low, kept2 = self._search(new_problem, budget,
+                                                int(cand.detail["abstract_budget"]))
+            except SolverError as exc:
+                if not getattr(exc, "timed_out", False):
+                    raise
+                log.warning("hilp-top refinement round %d stopped: %s", r + 1, exc)
+                break
+            found.extend(more)
+            if low is not None:
+                lowest = low if lowest is None else min(lowest, low)
+            if not kept2 or min(c[0].sim.time for c in kept2) >= cand.sim.time:
+                break
+            problem, kept = new_problem, kept2
+        # the store-everything schedule is always valid: a candidate whenever it fits (the MILP
+        # may miss it at the budget's edge, e.g. with huge sizes), and a budget that always works
+        store_all = autodiff_schedule(problem.graph)
+        sim_all = simulate(problem.graph, store_all)
+        if sim_all.peak <= budget and not found:
+            found.append(Candidate(store_all, sim_all, self.name, {"store_all": True}))
+        lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
+        return found, lowest
+
+    def _search(self, problem: "TopProblem", budget: int, abstract: int
+                ) -> tuple[list["Candidate"], int | None, list[tuple]]:
+        """The MILP at ``abstract``, then at abstract budgets searched so that the simulated
+        peak meets ``budget``: the candidates within it, the lowest simulated peak, and
+        ``(candidate, top graph, top steps)`` of each candidate (for the refinement)."""
+        from hiremate.hierarchical import Candidate
         from hiremate.solvers.remat_sequence import sequence_to_schedule
 
         top = top_graph(problem, self.checkpoint)
         found: list[Candidate] = []
+        kept: list[tuple] = []
         lowest: int | None = None
         ok: int | None = None       # highest abstract budget whose schedule fit
         bad: int | None = None      # lowest abstract budget whose schedule did not
-        abstract = int(budget)
         tried = []
         sequences: set[tuple[int, ...]] = set()
         for _ in range(max(self.retries, 1)):
@@ -106,8 +166,10 @@ class HilpTop:
                     # a lower abstract budget is infeasible too, or a retry ran out of time:
                     # keep the schedules the earlier tries found
                     break
-                raise SolverError(f"hilp-top found no solution within {self.time_limit:g}s "
+                exc = SolverError(f"hilp-top found no solution within {self.time_limit:g}s "
                                   f"({sol.status}); raise its time_limit")
+                exc.timed_out = True
+                raise exc
             sim = sol.sim
             if not sim.valid:
                 raise SolverError(f"hilp-top produced an invalid schedule (a bug): {sim.error}")
@@ -122,6 +184,7 @@ class HilpTop:
                     "abstract_budget": abstract, "objective": sol.objective,
                     "bound": sol.bound, "status": sol.status, "seconds": sol.seconds,
                     "block_solvers": block_solvers(top, sol.steps)}))
+                kept.append((found[-1], top, sol.steps))
                 ok = abstract
                 room = budget - sim.peak
                 if room <= 1e-3 * budget:
@@ -137,16 +200,7 @@ class HilpTop:
             abstract = int(nxt)
         log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
                  len(top.graph.nodes), tried)
-        # the store-everything schedule is always valid: a candidate whenever it fits (the MILP
-        # may miss it at the budget's edge, e.g. with huge sizes), and a budget that always works
-        from hiremate.simulator import autodiff_schedule
-
-        store_all = autodiff_schedule(problem.graph)
-        sim_all = simulate(problem.graph, store_all)
-        if sim_all.peak <= budget and not found:
-            found.append(Candidate(store_all, sim_all, self.name, {"store_all": True}))
-        lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
-        return found, lowest
+        return found, lowest, kept
 
 
 def block_solvers(top: TopGraph, steps) -> list[str]:

@@ -1,0 +1,144 @@
+"""Context-aware menu refinement of the hierarchical H-ILP (``solvers/hilp_refine.py``).
+
+Truths used: the simulator (every candidate replayed on the full graph; the smallest slack of
+a schedule's top-level steps is the budget minus its simulated peak), the flat H-ILP's proven
+optimum on small U-shaped graphs (a lower bound of every hierarchical schedule, reached with
+refinement where the unrefined menu cannot), and the unrefined result (a refinement round
+keeps every earlier candidate, so it is never slower).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hiremate.errors import ConfigError
+from hiremate.partition import PeelPartition, SequencePartition
+from hiremate.simulator import autodiff_schedule, simulate
+from hiremate.solvers.hilp import CheckmateSolver, HilpSolver
+from hiremate.solvers.hilp_hier import top_graph
+from hiremate.solvers.hilp_hier_solver import HilpTop
+from hiremate.solvers.hilp_menu import option_from_schedule
+from hiremate.solvers.hilp_refine import SOLVER_NAME, block_contexts, local_figures, step_slacks
+from test_hier_peel import u_shaped
+from test_hilp_hier import problem_of
+
+
+def coarse_hilp(problem):
+    """Each block's menu: the one H-ILP option at the block's store-everything peak (what a
+    one-point budget grid gives), so the top level can only keep all or recompute all."""
+    for b in problem.blocks:
+        peak = simulate(b.graph, autodiff_schedule(b.graph)).peak
+        sched = HilpSolver(time_limit=5).solve(b.graph, peak).schedule
+        b.options = [option_from_schedule(b.graph, sched, "hilp")]
+    return problem
+
+
+def compose(problem, budget, rounds):
+    found, _ = HilpTop(time_limit=10, refine_rounds=rounds, refine_min=3,
+                       refine_time=5).compose(problem, budget)
+    for c in found:
+        sim = simulate(problem.graph, c.schedule)
+        assert sim.valid and sim.peak <= budget and sim.time == pytest.approx(c.sim.time)
+    return min(found, key=lambda c: c.sim.time) if found else None
+
+
+def test_refinement_reaches_the_flat_optimum_from_a_one_option_menu():
+    """Each block's menu holds only its store-everything option (plus the checkpoint option):
+    the hierarchy must recompute the U-Net level's whole block. One round of refinement solves
+    that block for the memory the schedule leaves it and reaches the flat optimum."""
+    g = u_shaped(3)
+    budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
+    flat = CheckmateSolver(time_limit=30).solve(g, budget)
+    assert flat.status == "optimal"
+    problem = coarse_hilp(problem_of(g, PeelPartition("sequence", 5)))
+    plain = compose(problem, budget, 0)
+    refined = compose(problem, budget, 1)
+    assert plain.sim.time > flat.simulation.time + 1.0
+    assert refined.sim.time == pytest.approx(flat.simulation.time)
+    assert SOLVER_NAME in refined.detail["block_solvers"][2]
+    assert all(SOLVER_NAME not in s for s in plain.detail["block_solvers"])
+    assert all(o.solver != SOLVER_NAME for b in problem.blocks for o in b.options)  # not mutated
+
+
+def test_menus_without_hilp_options_are_not_refined():
+    """The same one-option menus, but made by autodiff (as with TW-Remat menus only): the top
+    level runs no block H-ILP, and the result is the unrefined one."""
+    g = u_shaped(3)
+    budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
+    problem = problem_of(g, PeelPartition("sequence", 5), menu="store")
+    assert {o.solver for b in problem.blocks for o in b.options} == {"autodiff"}
+    plain = compose(problem, budget, 0)
+    refined = compose(problem, budget, 1)
+    assert refined.sim.time == plain.sim.time
+    assert all(SOLVER_NAME not in s for s in refined.detail["block_solvers"])
+
+
+@pytest.mark.parametrize("post,frac,peel,menu", [
+    (3, 0.9, False, "hilp"), (2, 0.9, False, "coarse"), (3, 0.8, True, "hilp"),
+    (2, 0.8, False, "hilp"), (2, 0.9, True, "hilp")])
+def test_refinement_is_never_slower_and_never_below_the_flat_optimum(post, frac, peel, menu):
+    g = u_shaped(post)
+    budget = int(frac * simulate(g, autodiff_schedule(g)).peak)
+    flat = CheckmateSolver(time_limit=30).solve(g, budget)
+    part = PeelPartition("sequence", 5) if peel else SequencePartition()
+    problem = problem_of(g, part, menu=menu) if menu == "hilp" else coarse_hilp(problem_of(g, part))
+    plain = compose(problem, budget, 0)
+    refined = compose(problem, budget, 2)
+    assert refined.sim.time <= plain.sim.time + 1e-9
+    assert refined.sim.time >= flat.simulation.time - 1e-9 * flat.simulation.time
+
+
+def test_slacks_cover_the_schedule_and_meet_the_simulated_peak():
+    """Per top-level step, the budget minus the highest simulated memory while it runs: the
+    smallest of them is the budget minus the schedule's simulated peak; the block's context
+    takes its figures from the option the schedule used."""
+    g = u_shaped(3)
+    budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
+    problem = problem_of(g, PeelPartition("sequence", 5), menu="hilp")
+    top = top_graph(problem)
+    ht = HilpTop(time_limit=10, refine_rounds=0)
+    sol = ht.solve_at(problem, top, budget)
+    assert sol.sim.valid and sol.sim.peak <= budget
+    from hiremate.solvers.remat_sequence import sequence_to_schedule
+
+    sched = sequence_to_schedule(g, sol.sequence)
+    slack = step_slacks(problem, top, sol.steps, sched, budget)
+    assert len(slack) == len(sol.steps)
+    assert min(s for s in slack if s is not None) == budget - simulate(g, sched).peak
+    (ctx,) = block_contexts(problem, top, sol.steps, sched, budget, min_nodes=3)
+    assert ctx.block == 2 and min(ctx.slack_fwd, ctx.slack_phantom, ctx.slack_bwd) >= 0
+    used = problem.blocks[2].options[ctx.option]
+    assert (ctx.fwd_peak, ctx.held, ctx.bwd_peak) == local_figures(problem.blocks[2], used)
+    peak, save = ctx.budgets([])[-1]
+    assert save == ctx.held + ctx.slack_phantom
+    assert peak == min(ctx.fwd_peak + ctx.slack_fwd, ctx.bwd_peak + ctx.slack_bwd)
+
+
+def test_refinement_rounds_must_be_a_whole_number():
+    with pytest.raises(ConfigError, match="refine_rounds"):
+        HilpTop(refine_rounds=-1)
+    with pytest.raises(ConfigError, match="refine_rounds"):
+        HilpTop(refine_rounds=1.5)
+
+
+def test_a_refinement_round_that_times_out_keeps_the_earlier_schedules(monkeypatch):
+    """The refined top level finds nothing in its time limit: the first round's candidates
+    are returned."""
+    from hiremate.solvers import hilp_hier_solver as mod
+
+    g = u_shaped(3)
+    budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
+    problem = coarse_hilp(problem_of(g, PeelPartition("sequence", 5)))
+    real = HilpTop.solve_at
+    refined_calls = []
+
+    def flaky(self, problem, top, abstract):
+        if any(o.solver == SOLVER_NAME for b in problem.blocks for o in b.options):
+            refined_calls.append(abstract)
+            return mod.TopSolution(abstract, "time_limit", float("inf"), 0.0, 0.0, [], [], None)
+        return real(self, problem, top, abstract)
+
+    monkeypatch.setattr(HilpTop, "solve_at", flaky)
+    best = compose(problem, budget, 1)
+    assert refined_calls, "no refinement round ran"
+    assert best is not None and best.sim.peak <= budget
