@@ -105,8 +105,8 @@ def test_milp_schedules_fit_their_abstract_budget(seed, n, frac, part):
     top = top_graph(problem)
     B = int(frac * ad.peak)
     sol = HilpTop(retries=1, time_limit=10).solve_at(problem, top, B)
-    if sol.status == "infeasible":
-        return
+    if sol.status == "infeasible" or (sol.status == "unknown" and not sol.steps):
+        return  # nothing returned (proved infeasible, or no incumbent in time under load)
     check_sound(problem, B, sol)
 
 
