@@ -168,4 +168,5 @@ class SequencePartition:
             log.info("sequence partition: %d blocks joined into %d (max_blocks=%d)",
                      len(chain), len(merged), self.max_blocks)
         blocks = ([pro] if pro else []) + merged
-        return [blocks] if len(blocks) < dag.n else []
+        # a level of single nodes still matters when it puts the prologue first
+        return [blocks] if len(blocks) < dag.n or pro else []
