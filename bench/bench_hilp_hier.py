@@ -47,6 +47,37 @@ def menus(graph, menu_time: float, cache_dir: str | None, grid: tuple[int, int, 
     return TopProblem(graph, blocks, tail), time.perf_counter() - t0
 
 
+def index_order(graph, schedule):
+    """``schedule`` with each first computation that comes before its index's turn (the
+    constant nodes that the sequence partition hoists into a prologue) delayed to that turn:
+    the flat H-ILP first computes the nodes in index order, so only such a schedule can
+    warm-start it (``phases_from_schedule``). The original when the result is not valid."""
+    from hiremate.schedule import Compute
+    from hiremate.simulator import simulate
+    from hiremate.solvers.remat_sequence import sequence_to_schedule
+
+    out, early, t = [], set(), 0
+    for step in schedule:
+        if not isinstance(step, Compute):
+            continue
+        k = step.node
+        if k < t:
+            out.append(k)
+        elif k == t:
+            out.append(k)
+            t += 1
+            while t in early:
+                early.discard(t)
+                out.append(t)
+                t += 1
+        else:
+            early.add(k)  # run at its turn (a repeat before then is dropped)
+    if early or t != len(graph.nodes):
+        return schedule
+    moved = sequence_to_schedule(graph, out)
+    return moved if simulate(graph, moved).valid else schedule
+
+
 def best(cands):
     return min(cands, key=lambda c: c.sim.time) if cands else None
 
@@ -66,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peel-min", type=int, default=0,
                     help="peel the sinks of the sequence partition's blocks of at least this "
                          "many forward nodes (partition 'peel'; 0: off)")
+    ap.add_argument("--refine-rounds", type=int, default=1,
+                    help="hilp-top's context-aware menu refinement rounds (0: off)")
     ap.add_argument("--no-flat", action="store_true")
     ap.add_argument("--no-lp", action="store_true")
     ap.add_argument("-v", action="store_true")
@@ -90,7 +123,8 @@ def main(argv=None) -> int:
             ovh = lambda t: f"{100 * (t / ad.time - 1):.2f}%"  # noqa: E731
             t0 = time.perf_counter()
             try:
-                found, _ = HilpTop(time_limit=args.top_time).compose(problem, budget)
+                found, _ = HilpTop(time_limit=args.top_time,
+                                   refine_rounds=args.refine_rounds).compose(problem, budget)
             except HiremateError as exc:
                 found = []
                 logging.warning("hilp-top: %s", exc)
@@ -99,12 +133,13 @@ def main(argv=None) -> int:
             hier = ovh(h.sim.time) if h else "none"
             flat, flat_bound, flat_s = "-", "-", 0.0
             if not args.no_flat:
-                # warm-started from the hierarchical schedule (and TW-Remat's): the flat result
-                # is never slower, and the MILP's dual bound brackets the flat optimum
+                # warm-started from the hierarchical schedule in index order (and TW-Remat's):
+                # the flat result is never slower when that fits, and the MILP's dual bound
+                # brackets the flat optimum
                 t0 = time.perf_counter()
                 try:
                     res = CheckmateSolver(time_limit=args.flat_time, max_nodes=1000).solve(
-                        g, budget, hints=[h.schedule] if h else [])
+                        g, budget, hints=[index_order(g, h.schedule)] if h else [])
                     assert res.simulation.valid and res.simulation.peak <= budget
                     flat = f"{ovh(res.simulation.time)} ({res.status})"
                     flat_bound = ovh(res.bound) if math.isfinite(res.bound) else "-"

@@ -526,3 +526,38 @@ def solution_sequence(hm: HierModel, x: np.ndarray) -> tuple[list[int], list[tup
             steps.append((t, k, o))
             seq.extend(top.sequence(k, o))
     return seq, steps
+
+
+def carry_solution(old: HierModel, x: np.ndarray, new: HierModel) -> np.ndarray | None:
+    """A solution ``x`` of ``old`` as a solution of ``new`` (a warm start): ``new`` is the model
+    of the same top graph under the same budget, whose blocks' menus may hold more options
+    (each old option is found among the new ones by its figures). None when the top graphs
+    or the budgets differ (the flat part's layout would differ)."""
+    t_old, t_new = old.top, new.top
+    same = (t_old.kind == t_new.kind and t_old.data_full == t_new.data_full
+            and old.flat.budget == new.flat.budget and old.flat.mem_unit == new.flat.mem_unit
+            and all(a.inputs == b.inputs and a.outputs == b.outputs
+                    for a, b in zip(t_old.graph.nodes, t_new.graph.nodes)))
+    n0 = old.flat.milp.shape[1]
+    if not same or new.flat.milp.shape[1] != n0:
+        return None
+    where: list[list[int]] = []
+    for c_old, c_new in zip(t_old.costs, t_new.costs):
+        idx = []
+        for oc in c_old:
+            hits = [q for q, other in enumerate(c_new) if other == oc]
+            if not hits:
+                return None
+            idx.append(hits[0])
+        where.append(idx)
+    T = len(t_old.graph.nodes)
+    y = np.zeros(new.milp.shape[1])
+    y[:n0] = x[:n0]
+    for (k, o), col in old.ro.items():
+        q = where[t_old.block[k]][o]
+        y[new.ro[(k, q)]:new.ro[(k, q)] + T - k] = x[col:col + T - k]
+    for (j, o), col in old.sp.items():
+        f = t_old.fwd_node(j)
+        q = where[j][o]
+        y[new.sp[(j, q)]:new.sp[(j, q)] + T - f] = x[col:col + T - f]
+    return y

@@ -31,7 +31,9 @@ from hiremate.simulator import SimulationResult, simulate
 from hiremate.units import fmt_bytes
 
 from hiremate.solvers.hilp_backends import solve_milp
-from hiremate.solvers.hilp_hier import HierModel, TopGraph, build_hier_model, solution_sequence, top_graph
+from hiremate.solvers.hilp_hier import (
+    HierModel, TopGraph, build_hier_model, carry_solution, solution_sequence, top_graph,
+)
 
 if TYPE_CHECKING:
     from hiremate.hierarchical import Candidate, TopProblem
@@ -51,6 +53,8 @@ class TopSolution:
     sequence: list[int]
     steps: list
     sim: SimulationResult | None
+    model: HierModel | None = None  # the MILP and its solution, to warm-start a later one
+    x: np.ndarray | None = None
 
 
 class HilpTop:
@@ -83,13 +87,19 @@ class HilpTop:
     def applicable(self, graph: Graph) -> bool:
         return True
 
-    def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int) -> TopSolution:
-        """Solve the MILP of ``top`` under ``abstract`` bytes; translate and simulate."""
+    def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int,
+                 start_from: TopSolution | None = None) -> TopSolution:
+        """Solve the MILP of ``top`` under ``abstract`` bytes; translate and simulate.
+        ``start_from``: a solution of a model of the same top graph and budget with fewer
+        options, offered to the backend as a starting point."""
         from hiremate.solvers.remat_sequence import sequence_to_schedule
 
         start = time.perf_counter()
         hm: HierModel = build_hier_model(top, abstract)
-        res = solve_milp(hm.milp, self.backend, self.time_limit, self.mip_gap,
+        hint = None
+        if start_from is not None and start_from.model is not None:
+            hint = carry_solution(start_from.model, start_from.x, hm)
+        res = solve_milp(hm.milp, self.backend, self.time_limit, self.mip_gap, hint,
                          threads=self.threads)
         secs = time.perf_counter() - start
         if not res.has_solution:
@@ -99,7 +109,8 @@ class HilpTop:
         log.info("hilp-top at %s: %s, objective %.6g, simulated %s in %.2fs (%s)",
                  fmt_bytes(abstract), res.status, res.objective,
                  fmt_bytes(sim.peak) if sim.valid else sim.error, secs, hm.stats)
-        return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim)
+        return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim,
+                           hm, res.x)
 
     def compose(self, problem: "TopProblem", budget: int) -> tuple[list["Candidate"], int | None]:
         """Candidates within ``budget`` (simulated) and the lowest simulated peak reached."""
@@ -112,7 +123,7 @@ class HilpTop:
             if not kept:
                 break
             best = min(kept, key=lambda c: c[0].sim.time)
-            cand, top, steps = best
+            cand, top, steps, sol = best
             new_problem, facts = refine(problem, top, steps, cand.schedule, budget,
                                         self.refine_min, self.refine_time,
                                         4 * self.refine_time)
@@ -121,7 +132,7 @@ class HilpTop:
                 break
             try:
                 more, low, kept2 = self._search(new_problem, budget,
-                                                int(cand.detail["abstract_budget"]))
+                                                int(cand.detail["abstract_budget"]), sol)
             except SolverError as exc:
                 if not getattr(exc, "timed_out", False):
                     raise
@@ -142,11 +153,13 @@ class HilpTop:
         lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
         return found, lowest
 
-    def _search(self, problem: "TopProblem", budget: int, abstract: int
+    def _search(self, problem: "TopProblem", budget: int, abstract: int,
+                start_from: TopSolution | None = None
                 ) -> tuple[list["Candidate"], int | None, list[tuple]]:
-        """The MILP at ``abstract``, then at abstract budgets searched so that the simulated
-        peak meets ``budget``: the candidates within it, the lowest simulated peak, and
-        ``(candidate, top graph, top steps)`` of each candidate (for the refinement)."""
+        """The MILP at ``abstract`` (warm-started from ``start_from`` when it fits), then at
+        abstract budgets searched so that the simulated peak meets ``budget``: the candidates
+        within it, the lowest simulated peak, and ``(candidate, top graph, top steps, top
+        solution)`` of each candidate (for the refinement)."""
         from hiremate.hierarchical import Candidate
         from hiremate.solvers.remat_sequence import sequence_to_schedule
 
@@ -159,7 +172,9 @@ class HilpTop:
         tried = []
         sequences: set[tuple[int, ...]] = set()
         for _ in range(max(self.retries, 1)):
-            sol = self.solve_at(problem, top, abstract)
+            warm = start_from is not None and start_from.abstract_budget == abstract
+            sol = (self.solve_at(problem, top, abstract, start_from=start_from) if warm
+                   else self.solve_at(problem, top, abstract))
             tried.append((abstract, sol.status, sol.sim.peak if sol.sim else None))
             if sol.sim is None:
                 if sol.status == "infeasible" or found:
@@ -184,7 +199,7 @@ class HilpTop:
                     "abstract_budget": abstract, "objective": sol.objective,
                     "bound": sol.bound, "status": sol.status, "seconds": sol.seconds,
                     "block_solvers": block_solvers(top, sol.steps)}))
-                kept.append((found[-1], top, sol.steps))
+                kept.append((found[-1], top, sol.steps, sol))
                 ok = abstract
                 room = budget - sim.peak
                 if room <= 1e-3 * budget:

@@ -132,13 +132,47 @@ def test_a_refinement_round_that_times_out_keeps_the_earlier_schedules(monkeypat
     real = HilpTop.solve_at
     refined_calls = []
 
-    def flaky(self, problem, top, abstract):
+    def flaky(self, problem, top, abstract, start_from=None):
         if any(o.solver == SOLVER_NAME for b in problem.blocks for o in b.options):
             refined_calls.append(abstract)
+            assert start_from is not None  # the refined search starts from the best schedule
             return mod.TopSolution(abstract, "time_limit", float("inf"), 0.0, 0.0, [], [], None)
-        return real(self, problem, top, abstract)
+        return real(self, problem, top, abstract, start_from)
 
     monkeypatch.setattr(HilpTop, "solve_at", flaky)
     best = compose(problem, budget, 1)
     assert refined_calls, "no refinement round ran"
     assert best is not None and best.sim.peak <= budget
+
+
+def test_a_solution_carries_over_to_a_menu_with_more_options():
+    """The warm start of a refined top level: the earlier solution, mapped onto the model with
+    the larger menus, satisfies every row and bound of that model and has the same objective."""
+    import numpy as np
+    from dataclasses import replace
+
+    from hiremate.hierarchical import TopProblem
+    from hiremate.solvers.hilp_hier import build_hier_model, carry_solution
+
+    g = u_shaped(3)
+    budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
+    problem = coarse_hilp(problem_of(g, PeelPartition("sequence", 5)))
+    sol = HilpTop(time_limit=10).solve_at(problem, top_graph(problem), budget)
+    assert sol.model is not None and sol.x is not None
+    richer = problem_of(g, PeelPartition("sequence", 5), menu="hilp")
+    # (options with a phantom only: an option without one would replace the checkpoint option
+    # that the earlier solution may use, and then there is nothing to carry over)
+    blocks = [replace(b, options=list(b.options) + [o for o in r.options if o.phantom])
+              for b, r in zip(problem.blocks, richer.blocks)]
+    new = build_hier_model(top_graph(TopProblem(g, blocks, problem.tail)), budget)
+    assert new.milp.shape[1] > sol.model.milp.shape[1]
+    y = carry_solution(sol.model, sol.x, new)
+    assert y is not None
+    m = new.milp
+    act = m.A @ y
+    assert np.all(act >= m.row_lo - 1e-6) and np.all(act <= m.row_hi + 1e-6)
+    assert np.all(y >= m.col_lo - 1e-9) and np.all(y <= m.col_hi + 1e-9)
+    assert np.allclose(y[m.integer], np.round(y[m.integer]), atol=1e-6)
+    assert float(m.c @ y) == pytest.approx(sol.objective, rel=1e-6)
+    other = build_hier_model(top_graph(TopProblem(g, blocks, problem.tail)), budget + 64)
+    assert carry_solution(sol.model, sol.x, other) is None  # another budget: no warm start
