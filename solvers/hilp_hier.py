@@ -530,12 +530,13 @@ def solution_sequence(hm: HierModel, x: np.ndarray) -> tuple[list[int], list[tup
 
 def carry_solution(old: HierModel, x: np.ndarray, new: HierModel) -> np.ndarray | None:
     """A solution ``x`` of ``old`` as a solution of ``new`` (a warm start): ``new`` is the model
-    of the same top graph under the same budget, whose blocks' menus may hold more options
-    (each old option is found among the new ones by its figures). None when the top graphs
-    or the budgets differ (the flat part's layout would differ)."""
+    of the same top graph with the same memory unit under a budget at least as high, whose
+    blocks' menus may hold more options (each old option is found among the new ones by its
+    figures). None when the top graphs or the memory units differ (the layout or the scale of
+    the memory columns would differ) or the budget is lower (``x`` could break it)."""
     t_old, t_new = old.top, new.top
     same = (t_old.kind == t_new.kind and t_old.data_full == t_new.data_full
-            and old.flat.budget == new.flat.budget and old.flat.mem_unit == new.flat.mem_unit
+            and old.flat.budget <= new.flat.budget and old.flat.mem_unit == new.flat.mem_unit
             and all(a.inputs == b.inputs and a.outputs == b.outputs
                     for a, b in zip(t_old.graph.nodes, t_new.graph.nodes)))
     n0 = old.flat.milp.shape[1]

@@ -88,14 +88,17 @@ class HilpTop:
         return True
 
     def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int,
-                 start_from: TopSolution | None = None) -> TopSolution:
+                 start_from: TopSolution | None = None,
+                 mem_unit: float | None = None) -> TopSolution:
         """Solve the MILP of ``top`` under ``abstract`` bytes; translate and simulate.
-        ``start_from``: a solution of a model of the same top graph and budget with fewer
-        options, offered to the backend as a starting point."""
+        ``start_from``: a solution of a model of the same top graph, at most as many options
+        per block, the same ``mem_unit`` and a budget no higher, offered to the backend as a
+        starting point (it satisfies the new model, so a time-limited solve can only improve
+        on it). ``mem_unit``: the memory scale of the model (default: ``abstract``)."""
         from hiremate.solvers.remat_sequence import sequence_to_schedule
 
         start = time.perf_counter()
-        hm: HierModel = build_hier_model(top, abstract)
+        hm: HierModel = build_hier_model(top, abstract, mem_unit)
         hint = None
         if start_from is not None and start_from.model is not None:
             hint = carry_solution(start_from.model, start_from.x, hm)
@@ -156,8 +159,9 @@ class HilpTop:
     def _search(self, problem: "TopProblem", budget: int, abstract: int,
                 start_from: TopSolution | None = None
                 ) -> tuple[list["Candidate"], int | None, list[tuple]]:
-        """The MILP at ``abstract`` (warm-started from ``start_from`` when it fits), then at
-        abstract budgets searched so that the simulated peak meets ``budget``: the candidates
+        """The MILP at ``abstract`` (warm-started from ``start_from`` when its abstract budget
+        is not higher), then at abstract budgets searched so that the simulated peak meets
+        ``budget`` (each warm-started from the fastest fitting try below it): the candidates
         within it, the lowest simulated peak, and ``(candidate, top graph, top steps, top
         solution)`` of each candidate (for the refinement)."""
         from hiremate.hierarchical import Candidate
@@ -171,10 +175,16 @@ class HilpTop:
         bad: int | None = None      # lowest abstract budget whose schedule did not
         tried = []
         sequences: set[tuple[int, ...]] = set()
+        # one memory scale for every try, so that a solution of a lower abstract budget is a
+        # solution of a higher one too: each retry upwards starts from the fastest schedule
+        # that fitted (a time-limited try then never returns a slower one)
+        unit = float(max(budget, 1))
+        warm_from = start_from
         for _ in range(max(self.retries, 1)):
-            warm = start_from is not None and start_from.abstract_budget == abstract
-            sol = (self.solve_at(problem, top, abstract, start_from=start_from) if warm
-                   else self.solve_at(problem, top, abstract))
+            hint = (warm_from if warm_from is not None
+                    and warm_from.abstract_budget <= abstract else None)
+            sol = (self.solve_at(problem, top, abstract, start_from=hint, mem_unit=unit)
+                   if hint is not None else self.solve_at(problem, top, abstract, mem_unit=unit))
             tried.append((abstract, sol.status, sol.sim.peak if sol.sim else None))
             if sol.sim is None:
                 if sol.status == "infeasible" or found:
@@ -200,6 +210,9 @@ class HilpTop:
                     "bound": sol.bound, "status": sol.status, "seconds": sol.seconds,
                     "block_solvers": block_solvers(top, sol.steps)}))
                 kept.append((found[-1], top, sol.steps, sol))
+                if (sol.model is not None and (warm_from is None or warm_from.sim is None
+                                               or sim.time < warm_from.sim.time)):
+                    warm_from = sol
                 ok = abstract
                 room = budget - sim.peak
                 if room <= 1e-3 * budget:

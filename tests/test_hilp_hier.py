@@ -190,9 +190,9 @@ def test_a_retry_that_times_out_keeps_the_earlier_schedules(monkeypatch):
     real = HilpTop.solve_at
     calls = []
 
-    def flaky(self, problem, top, abstract):
+    def flaky(self, problem, top, abstract, **kw):
         calls.append(abstract)
-        sol = real(self, problem, top, abstract)
+        sol = real(self, problem, top, abstract, **kw)
         if len(calls) == 1:
             # leave room under the budget so that compose retries at a higher abstract budget
             return mod.TopSolution(sol.abstract_budget, sol.status, sol.objective, sol.bound,

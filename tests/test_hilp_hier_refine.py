@@ -132,12 +132,12 @@ def test_a_refinement_round_that_times_out_keeps_the_earlier_schedules(monkeypat
     real = HilpTop.solve_at
     refined_calls = []
 
-    def flaky(self, problem, top, abstract, start_from=None):
+    def flaky(self, problem, top, abstract, start_from=None, mem_unit=None):
         if any(o.solver == SOLVER_NAME for b in problem.blocks for o in b.options):
             refined_calls.append(abstract)
             assert start_from is not None  # the refined search starts from the best schedule
             return mod.TopSolution(abstract, "time_limit", float("inf"), 0.0, 0.0, [], [], None)
-        return real(self, problem, top, abstract, start_from)
+        return real(self, problem, top, abstract, start_from, mem_unit)
 
     monkeypatch.setattr(HilpTop, "solve_at", flaky)
     best = compose(problem, budget, 1)
@@ -175,4 +175,54 @@ def test_a_solution_carries_over_to_a_menu_with_more_options():
     assert np.allclose(y[m.integer], np.round(y[m.integer]), atol=1e-6)
     assert float(m.c @ y) == pytest.approx(sol.objective, rel=1e-6)
     other = build_hier_model(top_graph(TopProblem(g, blocks, problem.tail)), budget + 64)
-    assert carry_solution(sol.model, sol.x, other) is None  # another budget: no warm start
+    assert carry_solution(sol.model, sol.x, other) is None  # another memory unit: no warm start
+
+
+def test_a_solution_carries_over_to_a_higher_budget_with_the_same_memory_unit():
+    """The warm start of a retry upwards: with one memory unit, a solution under a lower
+    budget satisfies the model under a higher one; under a lower budget it is not offered."""
+    import numpy as np
+
+    from hiremate.solvers.hilp_hier import build_hier_model, carry_solution
+
+    g = u_shaped(3)
+    budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
+    problem = coarse_hilp(problem_of(g, PeelPartition("sequence", 5)))
+    top = top_graph(problem)
+    sol = HilpTop(time_limit=10).solve_at(problem, top, budget, mem_unit=2 * budget)
+    assert sol.model is not None and sol.model.flat.mem_unit == 2 * budget
+    higher = build_hier_model(top, budget + budget // 10, 2 * budget)
+    y = carry_solution(sol.model, sol.x, higher)
+    assert y is not None
+    m = higher.milp
+    act = m.A @ y
+    assert np.all(act >= m.row_lo - 1e-6) and np.all(act <= m.row_hi + 1e-6)
+    assert np.all(y >= m.col_lo - 1e-9) and np.all(y <= m.col_hi + 1e-9)
+    assert float(m.c @ y) == pytest.approx(sol.objective, rel=1e-6)
+    lower = build_hier_model(top, budget - budget // 10, 2 * budget)
+    assert carry_solution(sol.model, sol.x, lower) is None
+
+
+def test_retries_upwards_never_return_a_slower_schedule(monkeypatch):
+    """Each retry at a higher abstract budget is warm-started from the fastest schedule that
+    fitted, so even a try stopped at once by its time limit returns one at least as fast."""
+    from hiremate.solvers import hilp_hier_solver as mod
+
+    g = u_shaped(3)
+    full = simulate(g, autodiff_schedule(g)).peak
+    problem = coarse_hilp(problem_of(g, PeelPartition("sequence", 5)))
+    real = HilpTop.solve_at
+    hinted = []
+
+    def low_first(self, problem, top, abstract, start_from=None, mem_unit=None):
+        if start_from is not None:
+            hinted.append((start_from.abstract_budget, abstract))
+        # the first try at a lower abstract budget, so that there is room for retries
+        return real(self, problem, top, abstract if hinted or abstract < full else
+                    int(0.85 * abstract), start_from, mem_unit)
+
+    monkeypatch.setattr(HilpTop, "solve_at", low_first)
+    found, _ = HilpTop(time_limit=10, retries=3, refine_rounds=0).compose(problem, full)
+    assert hinted and all(a <= b for a, b in hinted)
+    times = [c.sim.time for c in found]
+    assert len(times) >= 2 and all(t2 <= t1 * (1 + 1e-9) for t1, t2 in zip(times, times[1:]))
