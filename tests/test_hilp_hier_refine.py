@@ -145,10 +145,20 @@ def test_a_refinement_round_that_times_out_keeps_the_earlier_schedules(monkeypat
     assert best is not None and best.sim.peak <= budget
 
 
+def assert_solves(m, y, objective: float) -> None:
+    """``y`` satisfies every row, bound and integrality of MILP ``m``, at ``objective``."""
+    import numpy as np
+
+    act = m.A @ y
+    assert np.all(act >= m.row_lo - 1e-6) and np.all(act <= m.row_hi + 1e-6)
+    assert np.all(y >= m.col_lo - 1e-9) and np.all(y <= m.col_hi + 1e-9)
+    assert np.allclose(y[m.integer], np.round(y[m.integer]), atol=1e-6)
+    assert float(m.c @ y) == pytest.approx(objective, rel=1e-6)
+
+
 def test_a_solution_carries_over_to_a_menu_with_more_options():
     """The warm start of a refined top level: the earlier solution, mapped onto the model with
     the larger menus, satisfies every row and bound of that model and has the same objective."""
-    import numpy as np
     from dataclasses import replace
 
     from hiremate.hierarchical import TopProblem
@@ -168,12 +178,7 @@ def test_a_solution_carries_over_to_a_menu_with_more_options():
     assert new.milp.shape[1] > sol.model.milp.shape[1]
     y = carry_solution(sol.model, sol.x, new)
     assert y is not None
-    m = new.milp
-    act = m.A @ y
-    assert np.all(act >= m.row_lo - 1e-6) and np.all(act <= m.row_hi + 1e-6)
-    assert np.all(y >= m.col_lo - 1e-9) and np.all(y <= m.col_hi + 1e-9)
-    assert np.allclose(y[m.integer], np.round(y[m.integer]), atol=1e-6)
-    assert float(m.c @ y) == pytest.approx(sol.objective, rel=1e-6)
+    assert_solves(new.milp, y, sol.objective)
     other = build_hier_model(top_graph(TopProblem(g, blocks, problem.tail)), budget + 64)
     assert carry_solution(sol.model, sol.x, other) is None  # another memory unit: no warm start
 
@@ -181,7 +186,6 @@ def test_a_solution_carries_over_to_a_menu_with_more_options():
 def test_a_solution_carries_over_to_a_higher_budget_with_the_same_memory_unit():
     """The warm start of a retry upwards: with one memory unit, a solution under a lower
     budget satisfies the model under a higher one; under a lower budget it is not offered."""
-    import numpy as np
 
     from hiremate.solvers.hilp_hier import build_hier_model, carry_solution
 
@@ -194,11 +198,7 @@ def test_a_solution_carries_over_to_a_higher_budget_with_the_same_memory_unit():
     higher = build_hier_model(top, budget + budget // 10, 2 * budget)
     y = carry_solution(sol.model, sol.x, higher)
     assert y is not None
-    m = higher.milp
-    act = m.A @ y
-    assert np.all(act >= m.row_lo - 1e-6) and np.all(act <= m.row_hi + 1e-6)
-    assert np.all(y >= m.col_lo - 1e-9) and np.all(y <= m.col_hi + 1e-9)
-    assert float(m.c @ y) == pytest.approx(sol.objective, rel=1e-6)
+    assert_solves(higher.milp, y, sol.objective)
     lower = build_hier_model(top, budget - budget // 10, 2 * budget)
     assert carry_solution(sol.model, sol.x, lower) is None
 
