@@ -43,7 +43,7 @@ import numpy as np
 
 from hiremate.solvers.chain import Chain
 from hiremate.solvers.rotor import DEFAULT_SLOTS, PersistentTable, StageModel
-from hiremate.simulator import simulate
+from hiremate.simulator import autodiff_schedule, simulate
 
 log = logging.getLogger(__name__)
 
@@ -545,6 +545,13 @@ class JoinDP:
                 f"{self.name}: budget {fmt_bytes(budget)} is below the {fmt_bytes(need)} this "
                 f"join of {len(jg.chains)} chains needs; raise the budget or use a solver that "
                 "recomputes more", min_budget=need)
+        # enough memory to keep everything: nothing to recompute (the DP's slots round sizes
+        # up, so at exactly the autodiff peak it would recompute what it need not)
+        store_all = autodiff_schedule(graph)
+        sim_all = simulate(graph, store_all)
+        if sim_all.valid and sim_all.peak <= budget:
+            self.last_makespan = sim_all.time
+            return store_all
         em = _Emitter(jg)
         table = self.table(jg, budget)
         if table is not None and math.isfinite(table.value()):

@@ -9,7 +9,7 @@ import math
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hiremate.errors import InfeasibleBudgetError, SolverError
@@ -91,6 +91,8 @@ def _check(graph: Graph, solver: JoinDP, budget: int) -> float:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), k=st.integers(2, 3), shared=st.booleans(),
        saves_output=st.booleans(), frac=st.floats(0, 1.2), big=st.booleans())
+# at exactly the autodiff peak with sizes beyond the slots, the rounded DP recomputed a node
+@example(seed=0, k=2, shared=False, saves_output=True, frac=1.0, big=True)
 def test_schedules_are_valid_and_match_the_dp(seed, k, shared, saves_output, frac, big):
     rng = random.Random(seed)
     g = join_graph(rng, [rng.randint(1, 4) for _ in range(k)], shared, saves_output,
