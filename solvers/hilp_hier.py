@@ -22,7 +22,11 @@ Model (:func:`build_hier_model`): the flat model of the top graph (``R``, ``P``,
   ``Sp[t+1] >= Sp[t] - Ro[t, B_j, o]`` and ``Sp[t+1] >= Ro[t, F_j, o] - Ro[t, B_j, o]`` (the
   paper's single row ``Sp[t+1] >= Sp[t] + Ro[t, F_j, o] - Ro[t, B_j, o]`` forbids recomputing
   a forward, e.g. for its outputs, while its phantom is kept); (9) ``Ro[t, B_j, o] <= Sp[t] +
-  Ro[t, F_j, o]``; freed after its backward ``Sp[t+1] + Ro[t, B_j, o] <= 1``; none at the end;
+  Ro[t, F_j, o]``; freed after its backward ``Sp[t+1] + Ro[t, B_j, o] <= 1``; none at the end.
+  A *standalone* option (no phantom, and a backward that recomputes every forward value it
+  reads but the block's outputs, e.g. the checkpoint option) has no ``Sp`` and no rows (8b)
+  and (9): its forward can run for the block's outputs alone and its backward after any
+  forward, as rk-Rotor's ``Fe`` / ``Fc`` operations do;
 - memory with phantom terms: ``V[t, 0]`` gains ``sum p_o Sp[t]``; the step after ``F_j`` adds
   ``p_o Ro[t, F_j, o]``, the step after ``B_j`` removes ``p_o (Ro[t, F_j, o] + Sp[t] -
   Sp[t+1])``; while a block node runs, memory is ``V[t, k] + w_o`` with ``w_o`` from the
@@ -74,6 +78,10 @@ class OptionCost:
     fwd_profile: Profile = ()
     bwd_profile: Profile = ()
     solver: str = ""
+    #: the backward part reads no value of the block's forward but its outputs (it recomputes
+    #: what it needs) and the forward part keeps nothing else: the option's forward and
+    #: backward need not pair up (``standalone`` in :func:`build_hier_model`)
+    standalone: bool = False
 
 
 def _prune(entries: list[tuple[int, frozenset]]) -> Profile:
@@ -148,6 +156,8 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
     fwd: list[tuple[int, frozenset]] = []
     bwd_raw: list[tuple[int, frozenset]] = []
     recomputed: set[int] = set()
+    made_bwd: set[int] = set()
+    reads_fwd = False  # the backward part reads a forward value it did not make (not an output)
     for i, step in enumerate(parts[0]):
         if isinstance(step, Compute):
             node = sub.nodes[step.node]
@@ -170,6 +180,11 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
     for i, step in enumerate(parts[1]):
         if isinstance(step, Compute):
             node = sub.nodes[step.node]
+            reads_fwd = reads_fwd or any(
+                d not in made_bwd and d not in outs and sub.data[d].producer is not None
+                and sub.data[d].producer != sub.loss
+                and sub.nodes[sub.data[d].producer].kind is NodeKind.FWD for d in node.inputs)
+            made_bwd.update(node.outputs)
             recomputed.update(d for d in node.outputs if d in outs)
             bwd_raw.append((mem + sum(counted[d] for d in node.outputs) + node.overhead - g_alive,
                             freed(1, i, True)))
@@ -194,7 +209,8 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
         fwd_peak=max((w for w, _ in fwd_p), default=0),
         bwd_peak=max((w for w, _ in bwd_p), default=0), phantom=phantom,
         fwd_seq=tuple(block.sequence(option.fwd)), bwd_seq=tuple(block.sequence(option.bwd)),
-        fwd_profile=fwd_p, bwd_profile=bwd_p, solver=option.solver)
+        fwd_profile=fwd_p, bwd_profile=bwd_p, solver=option.solver,
+        standalone=phantom == 0 and held == out_b and not reads_fwd)
 
 
 def checkpoint_options(block: "Block") -> list[Option]:
@@ -452,6 +468,8 @@ def build_hier_model(top: TopGraph, budget: int, mem_unit: float | None = None) 
             if oc.phantom:
                 put(b_v0 + ts[inside], sp_cols[inside], -oc.phantom / unit)
             col_hi[hm.sp[(j, o)] + (T - f - 1)] = 0.0  # no phantom left at the end
+            if oc.standalone:
+                col_hi[sp_cols] = 0.0  # no token either: see (8) and (9) below
         # (6): sum_o Sp[t] <= 1
         b = rows.block(len(ts), -np.inf, 1.0)
         for o in range(len(opts)):
@@ -471,8 +489,14 @@ def build_hier_model(top: TopGraph, budget: int, mem_unit: float | None = None) 
             rows.add(rr, r_f, -1.0)
             # (8), split in two so that a forward recomputed while its phantom is kept stays
             # feasible (the paper's single row would ask Sp[t+1] >= 2):
-            # Sp[t+1] >= Sp[t] - Ro[t,B] and Sp[t+1] >= Ro[t,F] - Ro[t,B]
-            for prev in (sp_now, r_f):
+            # Sp[t+1] >= Sp[t] - Ro[t,B] and Sp[t+1] >= Ro[t,F] - Ro[t,B].
+            # A standalone option (``OptionCost.standalone``: its forward keeps only the
+            # block's outputs, its backward reads no other forward value) leaves nothing to
+            # pair: its forward may run for the outputs alone (rk-Rotor's Fe / Fc), also
+            # while another option's phantom is kept, and its backward needs no forward of
+            # its own; only the rows that pair them are left out
+            standalone = opts[o].standalone
+            for prev in ((sp_now,) if standalone else (sp_now, r_f)):
                 b = rows.block(n_t, 0.0, np.inf)
                 rr = b + np.arange(n_t)
                 rows.add(rr, sp_next, 1.0)
@@ -481,11 +505,12 @@ def build_hier_model(top: TopGraph, budget: int, mem_unit: float | None = None) 
             # (9): Ro[t,B] - Sp[t] - Ro[t,F] <= 0 and freed after B: Sp[t+1] + Ro[t,B] <= 1
             sel = tt >= bnode
             n_b = int(sel.sum())
-            b = rows.block(n_b, -np.inf, 0.0)
-            rr = b + np.arange(n_b)
-            rows.add(rr, r_b[sel], 1.0)
-            rows.add(rr, sp_now[sel], -1.0)
-            rows.add(rr, r_f[sel], -1.0)
+            if not standalone:
+                b = rows.block(n_b, -np.inf, 0.0)
+                rr = b + np.arange(n_b)
+                rows.add(rr, r_b[sel], 1.0)
+                rows.add(rr, sp_now[sel], -1.0)
+                rows.add(rr, r_f[sel], -1.0)
             b = rows.block(n_b, -np.inf, 1.0)
             rr = b + np.arange(n_b)
             rows.add(rr, sp_next[sel], 1.0)

@@ -125,6 +125,41 @@ def test_checkpoint_option_recomputes_the_forward_and_keeps_no_phantom():
         assert recomputations(opt.fwd + (Compute(b.graph.loss),) + opt.bwd) == len(b.fwd)
 
 
+def test_only_options_whose_backward_needs_no_forward_of_their_own_stand_alone():
+    """The checkpoint option keeps nothing but the outputs and recomputes what its backward
+    reads: standalone. An option that keeps forward values for its backward is not; a
+    single-node block's store-all option keeps only the block's output: standalone."""
+    from hiremate.solvers.hilp_hier import option_costs
+
+    g = residual_chain(3)
+    problem = problem_of(g, SequencePartition())
+    seen = set()
+    for b in problem.blocks:
+        store = b.options[0]
+        cost = option_costs(b, store)
+        assert cost.standalone == (cost.phantom == 0)
+        seen.add(cost.standalone)
+        for opt in checkpoint_options(b):
+            assert option_costs(b, opt).standalone
+    assert seen == {True, False}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(6, 14), frac=st.sampled_from([0.8, 1.0]))
+def test_standalone_forwards_mix_with_kept_phantoms_soundly(seed, n, frac):
+    """Property (H-ILP menus with phantoms, plus standalone checkpoint options): the MILP may
+    now run a block's forward for its outputs alone and pair a backward with any forward; its
+    schedule is still valid, within the abstract budget, and takes the MILP's time."""
+    g = random_graph(seed, n)
+    problem = problem_of(g, SequencePartition(), menu="hilp")
+    ad = simulate(g, autodiff_schedule(g))
+    B = int(frac * ad.peak)
+    sol = HilpTop(retries=1, time_limit=10).solve_at(problem, top_graph(problem), B)
+    if sol.status == "infeasible" or (sol.status == "unknown" and not sol.steps):
+        return
+    check_sound(problem, B, sol)
+
+
 def test_checkpoints_and_menus_buy_memory_and_beat_pure_store_all():
     """With H-ILP menus the top level meets 60% of autodiff's peak on a residual chain (store-all
     alone cannot), every candidate is simulated within the budget, and the recomputation costs
