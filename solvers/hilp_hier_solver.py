@@ -183,8 +183,7 @@ class HilpTop:
         for _ in range(max(self.retries, 1)):
             hint = (warm_from if warm_from is not None
                     and warm_from.abstract_budget <= abstract else None)
-            sol = (self.solve_at(problem, top, abstract, start_from=hint, mem_unit=unit)
-                   if hint is not None else self.solve_at(problem, top, abstract, mem_unit=unit))
+            sol = self.solve_at(problem, top, abstract, start_from=hint, mem_unit=unit)
             tried.append((abstract, sol.status, sol.sim.peak if sol.sim else None))
             if sol.sim is None:
                 if sol.status == "infeasible" or found:
