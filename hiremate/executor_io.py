@@ -101,14 +101,16 @@ def derive_output_spec(model: torch.nn.Module, args: tuple, kwargs: dict, n_leav
     """The pytree structure of ``model(*args, **kwargs)``, from a run on fake tensors (or, if
     the model cannot run on fake tensors, a no-grad run whose RNG and buffer effects are
     undone). The call is the one captured (:func:`~hiremate.graphbuilder.capture.training_call`)."""
-    from hiremate.graphbuilder.capture import training_call
+    from hiremate.graphbuilder.capture import plain_checkpoints, training_call
 
     args, kwargs = training_call(model, args, kwargs)
-    try:
-        spec = _fake_spec(model, args, kwargs)
-    except Exception:  # noqa: BLE001 - any failure of fake tensors falls back to a real run
-        log.debug("fake-tensor run failed; deriving the output structure eagerly", exc_info=True)
-        spec = _real_spec(model, args, kwargs)
+    with plain_checkpoints(type(model).__name__):
+        try:
+            spec = _fake_spec(model, args, kwargs)
+        except Exception:  # noqa: BLE001 - any failure of fake tensors falls back to a real run
+            log.debug("fake-tensor run failed; deriving the output structure eagerly",
+                      exc_info=True)
+            spec = _real_spec(model, args, kwargs)
     if spec.num_leaves != n_leaves:
         raise InvalidGraphError(
             f"the model returns {spec.num_leaves} output leaves but the graph has {n_leaves}; "
