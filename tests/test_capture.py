@@ -285,3 +285,18 @@ def test_random_in_place_programs_capture_exactly(program):
     graph = hiremate.build_graph(model, sample, cost_model="flops")
     assert _writes_in_place(graph) == []
     _assert_same_training_step(model, sample, graph=graph)
+
+
+class WritesItsInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.a(x)
+
+
+def test_write_into_an_input_is_refused_with_the_op_named():
+    with pytest.raises(GraphCaptureError, match=r"copy_ \(aten::copy_\) writes into the input"):
+        hiremate.build_graph(WritesItsInput(), torch.randn(2, 4), cost_model="flops")
