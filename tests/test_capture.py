@@ -300,3 +300,40 @@ class WritesItsInput(nn.Module):
 def test_write_into_an_input_is_refused_with_the_op_named():
     with pytest.raises(GraphCaptureError, match=r"copy_ \(aten::copy_\) writes into the input"):
         hiremate.build_graph(WritesItsInput(), torch.randn(2, 4), cost_model="flops")
+
+
+class MaskBranch(nn.Module):
+    """Takes another path when every position is valid (as masking code often does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 2)
+
+    def forward(self, x, mask):
+        h = self.a(x)
+        if mask.all():
+            h = torch.tanh(h)
+        else:
+            h = torch.relu(h) * mask.unsqueeze(-1)
+        return self.b(h)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.booleans(), min_size=8, max_size=8), st.booleans())
+def test_guarded_branch_is_never_silently_wrong(bits, all_ones_sample):
+    """Captured on a sample mask, called with another: the same result as eager, or an
+    InputMismatchError when the call takes the other branch."""
+    torch.manual_seed(0)
+    model = MaskBranch()
+    x = torch.randn(2, 4, 6)
+    sample_mask = torch.ones(2, 4) if all_ones_sample else torch.tensor([[1.0] * 4, [1, 1, 0, 0]])
+    graph = hiremate.build_graph(model, (x, sample_mask), cost_model="flops")
+    assert len(graph.meta["guards"]) == 1
+    remat = RematModule(model, graph, hiremate.autodiff_schedule(graph))
+    mask = torch.tensor(bits, dtype=torch.float64).reshape(2, 4)
+    if bool(mask.all()) != all_ones_sample:
+        with pytest.raises(hiremate.InputMismatchError, match=r"if mask.all\(\):"):
+            remat(x, mask)
+    else:
+        torch.testing.assert_close(remat(x, mask), model(x, mask), rtol=0, atol=0)
