@@ -28,7 +28,8 @@ import torch
 
 from hiremate.budget import resolve_budget
 from hiremate.config import Config, load_config
-from hiremate.errors import ConfigError, HiremateError, InfeasibleBudgetError, InputMismatchError
+from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
+                             InputMismatchError)
 from hiremate.graph import DataKind, Graph
 from hiremate.preserve import preserved
 from hiremate.schedule import Schedule, schedule_from_list, schedule_to_list
@@ -222,6 +223,10 @@ class HRockmate(torch.nn.Module):
             raise InfeasibleBudgetError(
                 f"new inputs ({error}) were captured again, but: {exc}",
                 min_budget=exc.min_budget) from exc
+        except GraphCaptureError as exc:  # e.g. a dtype the model cannot take
+            raise InputMismatchError(
+                f"{error}. Capturing the model again for these inputs failed as well, so they "
+                f"cannot run: {exc}") from exc
         self.recaptures += 1
         built.report["recapture_time"] = time.perf_counter() - start
         self._variant_reports[id(built.executor)] = built.report
