@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from hiremate.budget import resolve_budget
 from hiremate.config import Config, load_config
@@ -217,7 +218,11 @@ class HRockmate(torch.nn.Module):
                  self._budget_arg)
         start = time.perf_counter()
         try:
-            with torch.enable_grad(), preserved(model):
+            # a call under no_grad or inference_mode still builds a module that can train;
+            # tensors made in inference mode cannot be traced, their copies can
+            with torch.inference_mode(False), torch.enable_grad(), preserved(model):
+                sample = pytree.tree_map_only(
+                    torch.Tensor, lambda t: t.clone() if t.is_inference() else t, sample)
                 built = self._build(model, self.config, sample, self._budget_arg, variant=True)
         except InfeasibleBudgetError as exc:
             raise InfeasibleBudgetError(

@@ -147,3 +147,23 @@ def test_on_new_inputs_raise_keeps_the_error():
 def test_new_input_keys_are_validated(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config("hiremate", **overrides)
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_new_shape_first_seen_without_grad_then_trains(context):
+    """A first call with a new shape under no_grad / inference_mode builds a module that then
+    also trains at that shape."""
+    torch.manual_seed(0)
+    model = MLP().double()
+    eager = copy.deepcopy(model)
+    x3, x5 = mlp_inputs(3, 5)
+    h = HRockmate(model, x3, 1.0, calibrate=0, **FAST)
+    with context():
+        torch.manual_seed(1)
+        ours = h(x5)
+        torch.manual_seed(1)
+        ref = eager(x5)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=0)
+    assert h.recaptures == 1
+    compare_with_eager(h, model, eager, x5, 2)
+    assert h.recaptures == 1
