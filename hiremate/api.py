@@ -92,7 +92,9 @@ class HRockmate(torch.nn.Module):
         # the budget as the user wrote it: a fraction is resolved again for every new shape
         self._budget_arg = budget
         self.recaptures = 0
-        self._variant_reports: dict[int, dict[str, Any]] = {}
+        # keyed by the module itself (hashed by identity), so that copies and pickles of this
+        # module keep each report with its copied variant
+        self._variant_reports: dict[Any, dict[str, Any]] = {}
 
     def _build(self, model, cfg: Config, sample: Any, budget: int | float | str,
                graph: Graph | None = None, variant: bool = False) -> _Built:
@@ -212,8 +214,8 @@ class HRockmate(torch.nn.Module):
             raise error
         model = self.executor.model
         sample = tuple(args) if args else dict(kwargs)
-        live = {id(m) for m in self.executor.variants}
-        self._variant_reports = {k: r for k, r in self._variant_reports.items() if k in live}
+        live = {id(m) for m in self.executor.variants}  # drop the evicted ones' reports
+        self._variant_reports = {m: r for m, r in self._variant_reports.items() if id(m) in live}
         log.info("%s; capturing and solving for these inputs (budget %r)", error,
                  self._budget_arg)
         start = time.perf_counter()
@@ -234,7 +236,7 @@ class HRockmate(torch.nn.Module):
                 f"cannot run: {exc}") from exc
         self.recaptures += 1
         built.report["recapture_time"] = time.perf_counter() - start
-        self._variant_reports[id(built.executor)] = built.report
+        self._variant_reports[built.executor] = built.report
         log.info("built a module for the new inputs in %.2fs (budget %s bytes)",
                  built.report["recapture_time"], built.report.get("budget"))
         return built.executor
@@ -250,7 +252,7 @@ class HRockmate(torch.nn.Module):
             shapes = [(tuple(d.shape), d.dtype) for d in g.data if d.kind is DataKind.INPUT]
             out.append({"inputs": [(p, *sd) for p, sd in zip(g.meta.get("input_paths", []),
                                                                shapes)],
-                        "report": dict(self._variant_reports.get(id(m), {})), "module": m})
+                        "report": dict(self._variant_reports.get(m, {})), "module": m})
         return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -98,6 +98,19 @@ def test_build_with_calibration_leaves_buffers_and_rng_untouched(convnet):
         assert torch.equal(rng_after, torch.get_rng_state())  # the same numbers were drawn
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_build_on_cuda_leaves_buffers_and_cuda_rng_untouched():
+    torch.manual_seed(0)
+    model = ConvNet().cuda()
+    x = torch.randn(4, 3, 8, 8, device="cuda")
+    before = snapshot(model)
+    cpu_rng, cuda_rng = torch.get_rng_state(), torch.cuda.get_rng_state()
+    HRockmate(model, x, 0.5, **FAST)
+    assert_same_state(model, before)
+    assert torch.equal(torch.get_rng_state(), cpu_rng)
+    assert torch.equal(torch.cuda.get_rng_state(), cuda_rng)
+
+
 def test_measure_restores_buffers_and_rng(convnet):
     model, x = convnet
     before = snapshot(model)

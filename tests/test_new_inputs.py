@@ -114,6 +114,11 @@ def test_least_recently_used_is_evicted_not_the_oldest():
         h(x)
     assert h.recaptures == 3
     assert [v["inputs"][0][1] for v in h.variants()] == [(4, 8), (6, 8)]
+    # a copy keeps each variant with its report
+    copied = copy.deepcopy(h)
+    assert [v["report"]["budget"] for v in copied.variants()] == [
+        v["report"]["budget"] for v in h.variants()]
+    assert all(v["module"].model is copied.executor.model for v in copied.variants())
 
 
 def test_saved_fraction_is_resolved_again_after_load(tmp_path):
