@@ -16,7 +16,8 @@ from hiremate import HRockmate
 from hiremate.budget import autodiff_peak
 from hiremate.config import load_config
 from hiremate.errors import ConfigError, InputMismatchError
-from test_model_untouched import FAST, ConvNet, assert_grads_match
+from test_model_untouched import CONV, FAST, ConvNet, assert_grads_match
+from test_model_untouched import one_thread  # noqa: F401 (an autouse fixture)
 
 
 def step(module: nn.Module, params: nn.Module, x: torch.Tensor, seed: int):
@@ -46,7 +47,7 @@ def test_new_batch_size_is_captured_once_with_the_fraction_resolved_again(caplog
     eager = copy.deepcopy(model)
     x4 = torch.randn(4, 3, 8, 8, dtype=torch.float64)
     x6 = torch.randn(6, 3, 8, 8, dtype=torch.float64)
-    h = HRockmate(model, x4, 0.5, **FAST)  # calibrate: 2 (default), on the re-capture too
+    h = HRockmate(model, x4, 0.5, **CONV)  # calibrate: 2 (default), on the re-capture too
     with caplog.at_level(logging.INFO, logger="hiremate.api"):
         for seed in (1, 2):
             compare_with_eager(h, model, eager, x6, seed)
