@@ -119,6 +119,9 @@ def _run_and_trace_memory(gm, inputs, device) -> tuple[dict[str, Any], dict[str,
     flat = pytree.tree_leaves(inputs)
     for ph, value in zip(placeholders, flat):
         env[ph.name] = value
+    for node in gm.graph.nodes:  # tensor constants of the program (T5's torch.tensor(0))
+        if node.op == "get_attr":
+            env[node.name] = getattr(gm, node.target)
     temps: dict[str, int] = {}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     if device.type == "cuda":

@@ -366,3 +366,25 @@ def test_hrockmate_recaptures_or_refuses_a_call_that_takes_the_other_branch(on_n
         for a, b in zip(ours, [p.grad for p in model.parameters()]):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
     assert wrapped.recaptures == 1
+
+
+class BuildsAConstant(nn.Module):
+    """Builds a tensor from Python data in its forward (as T5 does with torch.tensor(0))."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.a(x) * torch.tensor([1.0, 2.0, 3.0, 4.0]) + torch.tensor(0.5)
+
+
+def test_tensor_constants_are_recorded_and_measured():
+    torch.manual_seed(0)
+    model = BuildsAConstant()
+    x = torch.randn(3, 4)
+    graph = hiremate.build_graph(model, x)  # measured costs run the constants too
+    assert any(isinstance(a, dict) and a.get("torch") == "tensor"
+               for n in graph.nodes for op in n.ops for a in op.args)
+    reloaded = type(graph).from_dict(__import__("json").loads(graph.dumps()))
+    _assert_same_training_step(model, x, graph=reloaded)
