@@ -68,15 +68,19 @@ def _f(x, fmt: str) -> str:
     return "" if x is None else format(x, fmt)
 
 
+def _short(text: str, limit: int = 220) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
 def _result(row: dict) -> str:
     status = row["status"]
     if status == "ok":
         return "ok" if not row.get("failures") else "**fails checks**"
     if status == "expected-error":
-        return f"expected error: {row['error']}"
+        return f"expected error: {_short(row['error'])}"
     if status == "skipped":
         return f"skipped: {row['error']}"
-    return f"**{row.get('stage', '')}**: {row['error']}"
+    return f"**{row.get('stage', '')}**: {_short(row['error'])}"
 
 
 def render(rows: dict[str, dict], order: list[str], meta: dict) -> str:

@@ -464,7 +464,7 @@ def checkpoint_reentrant() -> Built:
 # What the default test run passes to HRockmate for its cases (solvers limited to seconds, one
 # process); slow cases and bench/capture_models.py use the default preset as it is.
 FAST = {"n_jobs": 1, "progress": False,
-        "solver_params": {"hilp": {"time_limit": 1.0, "max_nodes": 250},
+        "solver_params": {"hilp": {"time_limit": 2.0, "max_nodes": 250},
                           "rk-rotor": {"slots": 100}, "hilp-top": {"time_limit": 5.0}}}
 
 

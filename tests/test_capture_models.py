@@ -8,7 +8,7 @@ bit, training flags, torch RNG) untouched by the build. The checks live in ``cap
 Default run (about a minute in all once capture works): the cases built with
 ``default_run=True`` in ``capture_zoo.CASES`` (GPT2, ViT, Wav2Vec2's LayerDrop error, the timm-like
 blocks, LSTM, GRU, the in-place/BatchNorm models, both checkpoint models), with the default preset
-plus ``capture_zoo.FAST`` (HiGHS limited to 1 s per MILP, hilp-top to 5 s, rk-Rotor 100 slots, one
+plus ``capture_zoo.FAST`` (HiGHS limited to 2 s per MILP, hilp-top to 5 s, rk-Rotor 100 slots, one
 process) and a fresh menu cache. Every other case is ``slow`` (``pytest -m slow
 tests/test_capture_models.py``) and runs the default preset as it is (with a fresh menu cache).
 timm cases skip, naming the import error, when ``import timm`` fails.
