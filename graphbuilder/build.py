@@ -15,6 +15,7 @@ from hiremate.graphbuilder.assemble import assemble
 from hiremate.graphbuilder.capture import capture, normalise_sample
 from hiremate.graphbuilder.costs import COST_MODELS, op_costs
 from hiremate.graphbuilder.grouping import group_joint
+from hiremate.graphbuilder.guards import guard_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "measure"
         "tangent_for_output": cap.tangent_for_output,
         "n_outputs": cap.n_outputs,
         "joint_ops": sum(1 for n in cap.gm.graph.nodes if n.op == "call_function"),
+        "guards": [guard_to_dict(g) for g in cap.guards],
     }
     graph = assemble(cap, grouping, costs, meta)
     log.info("built %r in %.2fs (capture %.2fs)", graph, time.perf_counter() - start, t_capture)

@@ -16,9 +16,12 @@ with forward ops. Parameters are deduplicated (tied weights appear once).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.fx
@@ -26,6 +29,8 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from hiremate.errors import GraphCaptureError
+from hiremate.graphbuilder.functionalise import functionalise
+from hiremate.graphbuilder.guards import BranchRecorder, Guard
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,7 @@ class JointCapture:
     output_spec: Any = None            # pytree spec of the model's output
     input_spec: Any = None             # pytree spec of (args, kwargs)
     constants: dict[int, Any] = field(default_factory=dict)  # non-tensor leaves of (args, kwargs)
+    guards: list[Guard] = field(default_factory=list)  # values the trace was specialised on
 
 
 def normalise_sample(sample: Any) -> tuple[tuple, dict]:
@@ -60,31 +66,166 @@ def normalise_sample(sample: Any) -> tuple[tuple, dict]:
 
 def capture(model: torch.nn.Module, sample: Any) -> JointCapture:
     """Trace ``model`` on ``sample``; raise :class:`GraphCaptureError` naming every failed path."""
-    args, kwargs = normalise_sample(sample)
+    args, kwargs = training_call(model, *normalise_sample(sample))
     attempts: dict[str, str] = {}
-    for path in ("make_fx", "export"):
-        try:
-            if path == "export":
-                exported = torch.export.export(model, args, kwargs=kwargs, strict=False)
-                module = exported.module()
-            else:
-                module = model
-            result = _trace_joint(module, model, args, kwargs, path)
-            log.info("captured %s with the %s path", type(model).__name__, path)
-            return result
-        except GraphCaptureError:
-            raise
-        except Exception as exc:  # every failure of a path is reported, none is fatal alone
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            attempts[path] = f"{type(exc).__name__}: {first_line[:300]}"
-            log.debug("capture path %s failed", path, exc_info=True)
+    with plain_checkpoints(type(model).__name__):
+        for path in ("make_fx", "export"):
+            try:
+                with _foreign_randomness_check(model):
+                    if path == "export":
+                        exported = torch.export.export(model, args, kwargs=kwargs, strict=False)
+                        module = exported.module()
+                    else:
+                        module = model
+                    result = _trace_joint(module, model, args, kwargs, path)
+                log.info("captured %s with the %s path", type(model).__name__, path)
+                return result
+            except Exception as exc:  # every failure of a path is reported, none is fatal alone
+                attempts[path] = _reason(exc)
+                log.debug("capture path %s failed", path, exc_info=True)
     tried = "; ".join(f"{p}: {why}" for p, why in attempts.items())
     raise GraphCaptureError(
-        f"could not capture {type(model).__name__}: every capture path failed ({tried}). "
-        "Models whose Python control flow depends on tensor values cannot be traced; rewrite "
-        "that branch with torch.where / torch.cond, or wrap only the traceable part",
+        f"could not capture {type(model).__name__}: every capture path failed ({tried})",
         attempts=attempts,
     )
+
+
+@contextlib.contextmanager
+def _foreign_randomness_check(model: torch.nn.Module) -> Iterator[None]:
+    """Fail a capture whose forward draws random numbers outside torch (numpy's or Python's
+    global generators), and put both generators back as they were.
+
+    torch's random ops are recorded and replayed; a draw made in Python or numpy becomes a
+    constant of the traced program, so every call would reuse the sample's draw where the model
+    draws anew (Hugging Face Wav2Vec2's SpecAugment masks come from numpy)."""
+    import random
+
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy ships with torch's dependencies
+        numpy = None
+    py_state = random.getstate()
+    np_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        drew = random.getstate() != py_state or (
+            numpy is not None and not _same_numpy_state(numpy.random.get_state(), np_state))
+        random.setstate(py_state)
+        if numpy is not None:
+            numpy.random.set_state(np_state)
+    if drew:
+        config = getattr(model, "config", None)
+        hint = ""
+        if getattr(config, "mask_time_prob", 0) or getattr(config, "mask_feature_prob", 0):
+            hint = (" This is Hugging Face SpecAugment (random time/feature masks drawn with "
+                    "numpy): set mask_time_prob=0.0 and mask_feature_prob=0.0 in the model's "
+                    "config, or apply the masking to the inputs outside the model.")
+        raise GraphCaptureError(
+            f"the forward of {type(model).__name__} draws random numbers with numpy or Python's "
+            "random module: the draw would become a constant of the captured program, and "
+            "every call would reuse the sample's. Draw them with torch (torch.rand, "
+            f"torch.bernoulli), whose draws hiremate replays, or outside the model.{hint}")
+
+
+def _same_numpy_state(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and bool((a[1] == b[1]).all()) and tuple(a[2:]) == tuple(b[2:])
+
+
+def _reason(exc: BaseException) -> str:
+    """One line saying why a capture path failed (a GraphCaptureError's message is already
+    written for the user and kept whole)."""
+    text = str(exc).strip()
+    if isinstance(exc, GraphCaptureError):
+        return text
+    first_line = text.splitlines()[0] if text else repr(exc)
+    return f"{type(exc).__name__}: {first_line[:300]}"
+
+
+def training_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call to capture for training: a model with a ``use_cache`` switch (Hugging Face) that
+    the caller left unset runs with ``use_cache=False``. A key/value cache only serves
+    generation; in training it is an output that needs no gradient, holds every layer's keys
+    and values alive, and is not a tensor. Everything that runs the model on the caller's
+    behalf (capture, the output structure) goes through this function, so the wrapper's
+    outputs are those of this call."""
+    if "use_cache" in kwargs:
+        return args, kwargs
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return args, kwargs
+    if "use_cache" not in params:
+        return args, kwargs
+    names = list(params)
+    if names.index("use_cache") < len(args):  # passed positionally
+        return args, kwargs
+    _log_once(f"use_cache:{type(model).__name__}", logging.INFO,
+              "%s has a use_cache switch: capturing with use_cache=False (a key/value cache "
+              "is for generation, not training)", type(model).__name__)
+    return args, {**kwargs, "use_cache": False}
+
+
+_LOGGED: set[str] = set()
+_PATCH_LOCK = threading.Lock()
+
+
+def _log_once(key: str, level: int, msg: str, *args: Any) -> None:
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.log(level, msg, *args)
+
+
+class _PlainReentrantCheckpoint:
+    """Stands in for ``torch.utils.checkpoint.CheckpointFunction`` while capturing: the wrapped
+    function runs as plain code, so its ops are traced with their gradients."""
+
+    calls = 0
+
+    @classmethod
+    def apply(cls, function: Any, preserve_rng_state: bool, *args: Any) -> Any:
+        cls.calls += 1
+        return function(*args)
+
+
+def _plain_non_reentrant(function: Any, preserve_rng_state: bool, *rest: Any,
+                         **kwargs: Any) -> Iterator[None]:
+    """Stands in for the non-reentrant checkpoint's context generator: no saved-tensor hooks
+    (which would re-run the function with the real weights during the traced backward)."""
+    _PlainReentrantCheckpoint.calls += 1
+    yield  # checkpoint() runs the function here, and expects the generator to end after it
+
+
+@contextlib.contextmanager
+def plain_checkpoints(model_name: str) -> Iterator[None]:
+    """Run ``torch.utils.checkpoint`` inside the model as the computation it wraps.
+
+    A model that already checkpoints would otherwise trace badly: the reentrant form runs its
+    function under ``no_grad`` (nothing below it gets a gradient), the non-reentrant form
+    re-runs it from the backward with the real weights. hiremate's schedule decides what to
+    recompute, so the model's own checkpoints are dropped while capturing. The two entry
+    points that both forms reach (also through ``functools.partial(checkpoint)``, as Hugging
+    Face models hold it) are replaced for the duration, under a lock.
+    """
+    import torch.utils.checkpoint as ckpt
+
+    names = ("CheckpointFunction", "_checkpoint_without_reentrant_generator")
+    if not all(hasattr(ckpt, n) for n in names):  # another torch layout: leave it alone
+        yield
+        return
+    with _PATCH_LOCK:
+        saved = {n: getattr(ckpt, n) for n in names}
+        before = _PlainReentrantCheckpoint.calls
+        ckpt.CheckpointFunction = _PlainReentrantCheckpoint
+        ckpt._checkpoint_without_reentrant_generator = _plain_non_reentrant
+        try:
+            yield
+        finally:
+            for n, v in saved.items():
+                setattr(ckpt, n, v)
+            if _PlainReentrantCheckpoint.calls > before:
+                log.info("%s calls torch.utils.checkpoint: captured as the computation it "
+                         "wraps (hiremate's schedule decides what to recompute)", model_name)
 
 
 def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple,
@@ -123,6 +264,7 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         out = torch.func.functional_call(module, ({**params, **frozen}, probe_buffers), a, k,
                                          tie_weights=True)
     flat_out, out_spec = pytree.tree_flatten(out)
+    dropped = _opaque_outputs(flat_out)
     diff = [i for i, o in enumerate(flat_out)
             if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()]
     if not diff:
@@ -140,7 +282,7 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         ins = [t.detach().requires_grad_(g) if g else t for t, g in zip(ins, needs_grad)]
         a, k = rebuild(ins)
         out = torch.func.functional_call(module, ({**p, **f}, b), a, k, tie_weights=True)
-        flat = pytree.tree_leaves(out)
+        flat = [None if i in dropped else o for i, o in enumerate(pytree.tree_leaves(out))]
         roots = [flat[i] for i in diff]
         mode = get_proxy_mode()
         if mode is not None:
@@ -154,8 +296,13 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
     # under two names, tracing left fake tensors in the user's model: put back every one
     held = [(m, table, name, t) for m in module.modules()
             for table in (m._parameters, m._buffers) for name, t in list(table.items())]
+    roles: list[tuple[str, int | None]] = (
+        [("param", None)] * (len(params) + len(frozen)) + [("buffer", None)] * len(buffers)
+        + [("input", i) if not g else ("grad_input", None) for i, g in enumerate(needs_grad)]
+        + [("tangent", None)] * len(tangents))
+    recorder = BranchRecorder(roles, [t.detach() for t in input_tensors], original)
     try:
-        with torch.fx.traceback.preserve_node_meta():
+        with torch.fx.traceback.preserve_node_meta(), recorder:
             gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(
                 params, frozen, buffers, input_tensors, tangents
             )
@@ -165,11 +312,16 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
                 table[name] = t
     if "last" not in marker:
         raise RuntimeError("could not locate the end of the forward in the traced graph")
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    first_buffer = len(params) + len(frozen)
+    gm, marker["last"] = functionalise(
+        gm, marker["last"], set(placeholders[first_buffer:first_buffer + len(buffers)]))
     return JointCapture(
         gm=gm, path=path, param_names=list(params), frozen_names=list(frozen),
         buffer_names=list(buffers), input_paths=input_paths, input_requires_grad=needs_grad,
         tangent_for_output=diff, n_outputs=out_spec.num_leaves,
         last_forward=marker["last"], output_spec=out_spec, input_spec=spec, constants=constants,
+        guards=recorder.guards,
     )
 
 
@@ -177,3 +329,21 @@ def _devices(tensors: list[torch.Tensor], params: dict) -> list[int]:
     cuda = {t.device.index or 0 for t in list(tensors) + list(params.values())
             if isinstance(t, torch.Tensor) and t.is_cuda}
     return sorted(cuda)
+
+
+#: output leaves that pass through as constants; any other non-tensor leaf is dropped
+_PLAIN_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def _opaque_outputs(flat: list[Any]) -> set[int]:
+    """Positions of output leaves that are neither tensors nor plain constants (a Hugging Face
+    cache object, any Python object): they need no gradient and cannot be stored in a graph,
+    so the wrapper returns ``None`` in their place (logged once per kind)."""
+    dropped = {i for i, o in enumerate(flat)
+               if not isinstance(o, (torch.Tensor, *_PLAIN_LEAVES))}
+    kinds = sorted({type(flat[i]).__name__ for i in dropped})
+    if kinds:
+        _log_once(f"dropped:{','.join(kinds)}", logging.WARNING,
+                  "the model's output holds %s, which is not a tensor: the wrapped model "
+                  "returns None in its place (it needs no gradient)", ", ".join(kinds))
+    return dropped

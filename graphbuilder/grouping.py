@@ -255,7 +255,9 @@ def _inplace(node, o, kind, group_of_node, producer, readers, source_kind, sourc
                 f"{source_kind[o].value} {source_label[o]!r} in place; hiremate cannot replay "
                 "such writes: make the model write out of place"
             )
-        g = new_group(phase)
+        g = _writer_home(node, producer, read_owners, phase)
+        if g is None:
+            g = new_group(phase)
         g.mutates.add(source_label[o])
         add(g, node)
         rename[node.name] = o
@@ -270,6 +272,27 @@ def _inplace(node, o, kind, group_of_node, producer, readers, source_kind, sourc
             "cannot recompute it safely: use the out-of-place form of this operation"
         )
     add(home, node)
+
+
+def _writer_home(node: torch.fx.Node, producer: dict[str, Group], owner_of, phase: NodeKind
+                 ) -> Group | None:
+    """The group that computes the value a buffer write stores, when the write can run right
+    after it: functionalisation turns ``buffer.add_(1)`` into ``new = buffer + 1`` and a
+    ``copy_(buffer, new)``; the pair is one effect (a node with no output, run once per call),
+    as the in-place op was. That holds when the value's group is of this phase and every other
+    reader of the buffer runs before the value is computed."""
+    if node.target is not torch.ops.aten.copy_.default or len(node.args) < 2:
+        return None
+    buffer, value = node.args[0], node.args[1]
+    if not isinstance(value, torch.fx.Node) or not isinstance(buffer, torch.fx.Node):
+        return None
+    home = next((producer[o] for o in owner_of(node) if o in producer), None)
+    if home is None or home.kind is not phase:
+        return None
+    position = {n: i for i, n in enumerate(node.graph.nodes)}
+    if any(position[u] > position[value] for u in buffer.users if u is not node):
+        return None
+    return home
 
 
 def _contiguous(arg: Any) -> bool:

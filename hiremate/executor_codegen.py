@@ -122,7 +122,7 @@ class _Emitter:
     def const(self, value: Any) -> str:
         consts = self.ns.setdefault("__consts__", [])
         for i, c in enumerate(consts):
-            if type(c) is type(value) and c == value:
+            if type(c) is type(value) and not isinstance(c, torch.Tensor) and c == value:
                 return f"k{i}"
         name = f"k{len(consts)}"
         consts.append(value)
@@ -188,6 +188,8 @@ class _Emitter:
             decoded = decode_arg(value, {})
             if isinstance(decoded, torch.device) and _same_device(decoded, self.captured):
                 decoded = self.device  # the capture device stands for the device in use
+            elif isinstance(decoded, torch.Tensor) and _same_device(decoded.device, self.captured):
+                decoded = decoded.to(self.device)
             return self.const(decoded)
         return self.const(value)
 

@@ -35,11 +35,21 @@ class InputChecker:
         self._dtypes = [getattr(torch, dt, None) for _, dt in self.expected]
         self._good_spec: Any = None
         self._tensor_pos: list[int] = []
+        self.guards = [_RuntimeGuard(g) for g in meta.get("guards", [])]
 
     def signature(self, leaves: list[Any], spec: Any) -> Any:
-        """A hashable key of the inputs' structure, shapes and dtypes."""
-        return (str(spec), tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor)
-                                 else type(t).__name__ for t in leaves))
+        """A hashable key of the inputs' structure, shapes and dtypes, and of the values of the
+        graph's guards on them (where the structure lets them be computed)."""
+        shapes = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor)
+                       else type(t).__name__ for t in leaves)
+        values: tuple = ()
+        if self.guards:
+            tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+            try:
+                values = tuple(repr(g.evaluate(tensors)) for g in self.guards)
+            except Exception:  # noqa: BLE001 - inputs of another structure: no guard values
+                values = ("unguarded",)
+        return (str(spec), shapes, values)
 
     def check(self, leaves: list[Any], spec: Any) -> list[torch.Tensor]:
         """The tensor leaves in graph order; raise :class:`InputMismatchError` naming what
@@ -60,6 +70,8 @@ class InputChecker:
                     "for the sample's shapes and dtypes; build a graph and schedule for these "
                     "inputs (or pass on_mismatch=callable to RematModule to do it on demand)"
                 )
+        for guard in self.guards:
+            guard.check(tensors)
         return tensors
 
     def _check_structure(self, leaves: list[Any], spec: Any) -> None:
@@ -88,12 +100,17 @@ class InputChecker:
 def derive_output_spec(model: torch.nn.Module, args: tuple, kwargs: dict, n_leaves: int) -> Any:
     """The pytree structure of ``model(*args, **kwargs)``, from a run on fake tensors (or, if
     the model cannot run on fake tensors, a no-grad run whose RNG and buffer effects are
-    undone)."""
-    try:
-        spec = _fake_spec(model, args, kwargs)
-    except Exception:  # noqa: BLE001 - any failure of fake tensors falls back to a real run
-        log.debug("fake-tensor run failed; deriving the output structure eagerly", exc_info=True)
-        spec = _real_spec(model, args, kwargs)
+    undone). The call is the one captured (:func:`~hiremate.graphbuilder.capture.training_call`)."""
+    from hiremate.graphbuilder.capture import plain_checkpoints, training_call
+
+    args, kwargs = training_call(model, args, kwargs)
+    with plain_checkpoints(type(model).__name__):
+        try:
+            spec = _fake_spec(model, args, kwargs)
+        except Exception:  # noqa: BLE001 - any failure of fake tensors falls back to a real run
+            log.debug("fake-tensor run failed; deriving the output structure eagerly",
+                      exc_info=True)
+            spec = _real_spec(model, args, kwargs)
     if spec.num_leaves != n_leaves:
         raise InvalidGraphError(
             f"the model returns {spec.num_leaves} output leaves but the graph has {n_leaves}; "
@@ -136,3 +153,46 @@ def _real_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
             for b, saved in buffers:
                 b.copy_(saved)
     return pytree.tree_structure(out)
+
+
+class _RuntimeGuard:
+    """A value the capture was specialised on (``graph.meta["guards"]``, made by
+    ``hiremate.graphbuilder.guards``), recomputed from a call's inputs."""
+
+    def __init__(self, data: dict[str, Any]):
+        from hiremate.graph import op_from_dict
+
+        self.where: str = data["where"]
+        self.value: Any = data["value"]
+        self.inputs: dict[str, int] = dict(data["inputs"])
+        self.ops = [op_from_dict(o) for o in data["ops"]]
+        self.result: str = data["result"]
+        self.convert: str = data["convert"]
+        self._fns: list[Any] | None = None
+
+    def evaluate(self, tensors: list[torch.Tensor]) -> Any:
+        from hiremate.graphbuilder.encode import decode_arg
+        from hiremate.graphbuilder.opinfo import resolve_target
+
+        if self._fns is None:
+            self._fns = [resolve_target(op.target) for op in self.ops]
+        env: dict[str, Any] = {name: tensors[i] for name, i in self.inputs.items()}
+        with torch.no_grad():
+            for fn, op in zip(self._fns, self.ops):
+                env[op.out] = fn(*decode_arg(op.args, env),
+                                 **{k: decode_arg(v, env) for k, v in op.kwargs})
+            value = env[self.result]
+            if isinstance(value, torch.Tensor):
+                value = getattr(value, self.convert)()
+        return value
+
+    def check(self, tensors: list[torch.Tensor]) -> None:
+        value = self.evaluate(tensors)
+        if value != self.value:
+            raise InputMismatchError(
+                f"the model branches on a value computed from its inputs at {self.where}: it "
+                f"was {self.value!r} for the sample the schedule was captured on and is "
+                f"{value!r} for this call, so the captured program does not apply; capture "
+                "again with such inputs (HRockmate does this itself unless configured to "
+                "raise), or make the branch independent of the values (torch.where)"
+            )

@@ -388,6 +388,11 @@ def _op_from_dict(d: dict[str, Any]) -> Op:
     )
 
 
+#: public names: guards (``graph.meta["guards"]``) store ops in the same form
+op_to_dict = _op_to_dict
+op_from_dict = _op_from_dict
+
+
 def _node_to_dict(n: ComputeNode) -> dict[str, Any]:
     return {
         "id": n.id, "name": n.name, "kind": n.kind.value, "inputs": list(n.inputs),

@@ -41,7 +41,7 @@ class DataDependent(nn.Module):
 
     def forward(self, x):
         y = self.lin(x)
-        if y.sum() > 0:  # Python branch on a tensor value: no capture path can trace it
+        if y.sum() > 0:  # a branch on an activation: no capture path can trace it
             return y * 2
         return y
 
@@ -135,7 +135,11 @@ def test_capture_error_names_every_path():
         hiremate.build_graph(DataDependent(), torch.randn(2, 4), cost_model="flops")
     assert set(info.value.attempts) == {"make_fx", "export"}
     message = str(info.value)
-    assert "make_fx" in message and "export" in message and "control flow" in message
+    assert "make_fx" in message and "export" in message
+    # the make_fx path's own reason: the op asked for its value, the model's line, the cause
+    reason = info.value.attempts["make_fx"]
+    assert "aten.gt.Scalar" in reason and "activation" in reason
+    assert "test_graphbuilder.py:44 (if y.sum() > 0:" in reason
 
 
 def test_bad_arguments_raise_hiremate_errors():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from hiremate.api import solve_graph
 from hiremate.budget import resolve_budget
 from hiremate.config import load_config
 from hiremate.errors import ConfigError, GraphCaptureError, InputMismatchError
+from hiremate.executor import RematModule
 from hiremate.synthetic import random_graph
 
 FAST = {"progress": False, "n_jobs": 1, "cache": False, "calibrate": 0,
@@ -50,13 +52,32 @@ class DataDependent(torch.nn.Module):
         return 2 * self.l(x)
 
 
-def test_data_dependent_control_flow_names_every_capture_path(mlp):
+def test_branch_on_an_activation_names_the_op_and_line(mlp):
     _, x = mlp
     with pytest.raises(GraphCaptureError, match="could not capture DataDependent: every capture "
                        "path failed") as info:
-        HRockmate(DataDependent().double(), x, 1.0, **FAST)
-    assert info.value.attempts and all("data-dependent" in why or "Guard" in why
-                                       for why in info.value.attempts.values())
+        HRockmate(DataDependent().double(), x.clone().requires_grad_(), 1.0, **FAST)
+    reason = info.value.attempts["make_fx"]
+    assert "aten.sum.default" in reason and "an input that needs a gradient" in reason
+    assert re.search(r"test_hostile.py:\d+ \(if x.sum\(\).item\(\) > 0:", reason)
+    assert set(info.value.attempts) == {"make_fx", "export"}
+
+
+def test_branch_on_an_input_is_specialised_and_guarded(mlp):
+    """An input that needs no gradient: the capture follows the sample's branch and the module
+    refuses (by default) a call whose input takes the other branch."""
+    torch.manual_seed(0)
+    model = DataDependent().double()
+    _, x = mlp
+    x = x.abs()
+    graph = hiremate.build_graph(model, x, cost_model="flops")
+    (guard,) = graph.meta["guards"]
+    # .item() hands the exact sum to Python: the guard is on that value
+    assert guard["value"] == x.sum().item() and "(if x.sum().item() > 0:" in guard["where"]
+    remat = RematModule(model, graph, hiremate.autodiff_schedule(graph))
+    torch.testing.assert_close(remat(x), model(x), rtol=0, atol=0)
+    with pytest.raises(hiremate.InputMismatchError, match="for the sample the schedule was captured on"):
+        remat(-x)
 
 
 class NoParams(torch.nn.Module):

@@ -1,0 +1,135 @@
+"""Functionalise a traced joint graph: in-place writes become out-of-place ops.
+
+Models write in place all the time (``x += shortcut``, ``ReLU(inplace=True)``, the ``add_`` and
+``sigmoid_`` inside aten's LSTM cells, the ``copy_`` of T5 and Whisper). A CD-graph cannot hold
+such a write: recomputing the value it overwrote, or the write itself, would read or produce the
+wrong version. The traced joint graph is already a correct program (autograd ran on the real
+in-place program while tracing, with its version counters), so rewriting that program without
+mutations keeps every value and gradient: torch's functionalisation re-traces it, replacing each
+in-place op by its out-of-place form and each write through a view by a ``*_scatter`` into the
+base, and keeps the views (the grouping joins them to the node owning their storage).
+
+What functionalisation cannot remove are writes into the graph's inputs: it emits them as
+``copy_(input, new_value)`` at the very end, after the backward. A write into a buffer (a
+BatchNorm's ``num_batches_tracked += 1``) is a forward effect that the executor replays once per
+call, so it is moved back into the forward, right after the last op that needs it in place.
+Writes into parameters or model inputs stay what they were: the grouping rejects them with a
+message naming the op.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from hiremate.errors import GraphCaptureError
+
+log = logging.getLogger(__name__)
+
+#: key in ``node.meta["custom"]`` naming the op of the traced graph a re-traced op comes from
+#: (``custom`` is one of the fields that fx copies onto the nodes a re-trace creates)
+_SOURCE = "hiremate_source"
+
+
+def needs_functionalising(gm: torch.fx.GraphModule) -> bool:
+    """Whether any op of ``gm`` writes into one of its arguments (by its schema)."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+            if target._schema.is_mutable:
+                return True
+    return False
+
+
+def functionalise(gm: torch.fx.GraphModule, last_forward: str,
+                  buffer_placeholders: set[str]) -> tuple[torch.fx.GraphModule, str]:
+    """The same program without in-place writes, and the name of its last forward op.
+
+    ``buffer_placeholders`` are the placeholder names of ``gm`` that hold buffers: writes into
+    them move into the forward. Returns ``gm`` unchanged when nothing writes in place.
+    """
+    if not needs_functionalising(gm):
+        return gm, last_forward
+    forward_names: set[str] = set()
+    in_forward = True
+    for node in gm.graph.nodes:
+        custom = dict(node.meta.get("custom") or {})
+        custom[_SOURCE] = node.name
+        node.meta["custom"] = custom
+        if in_forward and node.op != "placeholder":
+            forward_names.add(node.name)
+        in_forward = in_forward and node.name != last_forward
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [n.meta["val"] for n in placeholders]
+    interpreter = torch.fx.Interpreter(gm)
+
+    def run(*flat: torch.Tensor):
+        return interpreter.run(*flat, enable_io_processing=False)
+
+    with torch.fx.traceback.preserve_node_meta():
+        new = make_fx(torch.func.functionalize(run, remove="mutations"), tracing_mode="fake",
+                      _allow_non_fake_inputs=True)(*values)
+    _restore_pairing(gm, new)
+    new_placeholders = [n for n in new.graph.nodes if n.op == "placeholder"]
+    buffers = {new_placeholders[i].name for i, ph in enumerate(placeholders)
+               if ph.name in buffer_placeholders}
+    forward = [n for n in new.graph.nodes
+               if (n.meta.get("custom") or {}).get(_SOURCE) in forward_names]
+    if not forward:
+        raise GraphCaptureError("functionalising the traced graph lost its forward ops; "
+                                "please report this model")
+    new_last = _move_buffer_writes(new, forward[-1], buffers)
+    new.graph.lint()
+    new.recompile()
+    n_before = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    n_after = sum(1 for n in new.graph.nodes if n.op == "call_function")
+    log.info("functionalised the traced graph: %d ops -> %d ops", n_before, n_after)
+    return new, new_last.name
+
+
+#: meta fields that pair backward ops with forward ops; a re-trace runs no autograd and stamps
+#: its own (meaningless) sequence numbers, so they are copied back from the source op
+_PAIRING = ("seq_nr", "partitioner_tag")
+
+
+def _restore_pairing(old: torch.fx.GraphModule, new: torch.fx.GraphModule) -> None:
+    source = {n.name: n for n in old.graph.nodes}
+    for node in new.graph.nodes:
+        origin = source.get((node.meta.get("custom") or {}).get(_SOURCE))
+        for key in _PAIRING:
+            if origin is not None and key in origin.meta:
+                node.meta[key] = origin.meta[key]
+            else:
+                node.meta.pop(key, None)
+
+
+def _move_buffer_writes(gm: torch.fx.GraphModule, last_forward: torch.fx.Node,
+                        buffers: set[str]) -> torch.fx.Node:
+    """Move each ``copy_(buffer, value)`` that functionalisation put at the end of the graph to
+    just after the later of ``value``'s producer and the buffer's last other reader, which must
+    both be forward ops; return the (possibly new) last forward op."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    boundary = order[last_forward]
+    writes = [n for n in gm.graph.nodes
+              if n.op == "call_function" and n.target is torch.ops.aten.copy_.default
+              and isinstance(n.args[0], torch.fx.Node) and n.args[0].name in buffers]
+    last = last_forward
+    for write in writes:
+        buffer, value = write.args[0], write.args[1]
+        anchors = [u for u in buffer.users if u is not write]
+        if isinstance(value, torch.fx.Node):
+            anchors.append(value)
+        anchor = max(anchors, key=lambda n: order[n], default=buffer)
+        if order[anchor] > boundary:
+            raise GraphCaptureError(
+                f"the model writes the buffer behind {buffer.name} in place during the backward "
+                f"pass ({anchor.name}); hiremate replays buffer writes once per forward: move "
+                "that write into the forward (or out of the model)"
+            )
+        anchor.append(write)
+        if anchor is last:
+            last = write
+    return last

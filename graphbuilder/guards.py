@@ -1,0 +1,186 @@
+"""Python branches on tensor values, met while tracing: specialised on the sample and guarded.
+
+A traced program has no Python control flow, so a model that asks a tensor for its value
+(``if mask.all():``, ``n = int(lengths.max())``) cannot be traced on fake tensors as such. What
+the branch depends on decides what is done, by looking at the ops that compute the asked value
+in the graph traced so far:
+
+- only inputs that need no gradient (attention and padding masks, token ids, lengths) and
+  constants: the value is computed from the sample's real tensors, the trace follows that
+  branch (*specialised*), and the ops computing the value become a **guard** kept in the graph.
+  The executor evaluates every guard on each call's inputs before running the schedule; a call
+  whose guarded values differ is not run on this program (it is captured again, or refused);
+- a random op (Hugging Face LayerDrop draws ``torch.rand([])`` per layer): no capture; the error
+  says where, and for LayerDrop, which setting turns it off;
+- parameters, buffers, or inputs that need a gradient (a branch on an activation): no capture;
+  the error names the op and the source line.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+
+from hiremate.errors import GraphCaptureError
+from hiremate.graph import Op
+from hiremate.graphbuilder.encode import encode_arg
+from hiremate.graphbuilder.opinfo import op_kind, qualified_name
+
+log = logging.getLogger(__name__)
+
+#: the Tensor methods that hand a tensor's value to Python
+_CONCRETISING = {
+    torch.Tensor.__bool__: bool, torch.Tensor.item: lambda t: t.item(),
+    torch.Tensor.tolist: lambda t: t.tolist(), torch.Tensor.__int__: int,
+    torch.Tensor.__float__: float, torch.Tensor.__index__: lambda t: t.__index__(),
+}
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A value the trace was specialised on: ``ops`` compute it from the inputs named in
+    ``inputs`` (placeholder name -> position among the model's tensor inputs)."""
+
+    where: str
+    value: Any
+    inputs: dict[str, int]
+    ops: tuple[Op, ...]
+    result: str
+    convert: str  # name of the Tensor method that asked for the value
+
+
+class BranchRecorder(TorchFunctionMode):
+    """Active during the joint trace; answers each request for a tensor's value (see the
+    module docstring). ``placeholders`` says what each traced placeholder holds, in order:
+    ``("input", i)`` for the i-th tensor input that needs no gradient, anything else for
+    sources a branch must not depend on; ``real_inputs`` are the sample's tensors."""
+
+    def __init__(self, placeholder_roles: list[tuple[str, int | None]],
+                 real_inputs: list[torch.Tensor], model: torch.nn.Module):
+        super().__init__()
+        self.roles = placeholder_roles
+        self.real_inputs = real_inputs
+        self.model = model
+        self.guards: list[Guard] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in _CONCRETISING or not args or not isinstance(args[0], torch.Tensor):
+            return func(*args, **kwargs)
+        mode = get_proxy_mode()
+        if mode is None:
+            return func(*args, **kwargs)
+        try:
+            node = get_proxy_slot(args[0], mode.tracer).proxy.node
+        except (KeyError, AttributeError, RuntimeError):  # not a traced value: a real constant
+            return func(*args, **kwargs)
+        return self._specialise(node, func, mode.tracer.graph)
+
+    def _specialise(self, node: torch.fx.Node, func: Any, graph: torch.fx.Graph) -> Any:
+        where = _user_frame()
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        needed = sorted(_ancestors(node), key=order.__getitem__)
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        role = {ph.name: r for ph, r in zip(placeholders, self.roles)}
+        asked = qualified_name(node.target) if node.op == "call_function" else node.name
+        for n in needed:
+            if n.op == "call_function" and op_kind(n.target).random:
+                raise GraphCaptureError(self._random_message(where, n))
+            if n.op == "placeholder" and role.get(n.name, ("?", None))[0] != "input":
+                raise GraphCaptureError(
+                    f"the forward branches on the value of a tensor ({asked}) at {where}, and "
+                    f"that value depends on {_describe(role.get(n.name))}: a traced program "
+                    "cannot follow a branch on an activation. Rewrite the branch without "
+                    "asking for the tensor's value (torch.where, masking), or keep it outside "
+                    "the wrapped model"
+                )
+        root = get_proxy_mode().tracer.root
+        inputs = {n.name: role[n.name][1] for n in needed if n.op == "placeholder"}
+        ops = tuple(_record(n, root) for n in needed if n.op == "call_function")
+        value = self._evaluate(needed, node, inputs, func, root)
+        guard = Guard(where, value, inputs, ops, node.name, func.__name__)
+        self.guards.append(guard)
+        log.warning("specialised the capture on a value computed from the inputs at %s "
+                    "(%s = %r); later calls are checked against it", where, asked, value)
+        return value
+
+    def _evaluate(self, needed: list[torch.fx.Node], node: torch.fx.Node,
+                  inputs: dict[str, int], func: Any, root: torch.nn.Module) -> Any:
+        """The asked value on the sample's real tensors, computed outside every tracing mode."""
+        sub = torch.fx.Graph()
+        env: dict[torch.fx.Node, torch.fx.Node] = {}
+        for n in needed:
+            env[n] = sub.node_copy(n, lambda a: env[a])
+        sub.output(env[node])
+        module = torch.fx.GraphModule(root, sub)
+        real = [self.real_inputs[inputs[n.name]] for n in needed if n.op == "placeholder"]
+        with _disable_current_modes(), torch.no_grad():
+            tensor = module(*real)
+            return _CONCRETISING[func](tensor)
+
+    def _random_message(self, where: str, node: torch.fx.Node) -> str:
+        config = getattr(self.model, "config", None)
+        hint = ""
+        if getattr(config, "layerdrop", 0) or "layerdrop" in where.lower():
+            hint = (" This is Hugging Face LayerDrop (a random skip of whole layers): set "
+                    "layerdrop=0 in the model's config (e.g. "
+                    f"{type(config).__name__}(..., layerdrop=0.0)) to train it with hiremate.")
+        return (f"the forward branches on a random value ({qualified_name(node.target)}) at "
+                f"{where}: each call would run another program, which no single schedule "
+                f"can follow.{hint}")
+
+
+def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    seen: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _record(node: torch.fx.Node, root: torch.nn.Module) -> Op:
+    """``node`` as an :class:`Op`, with the traced constants it reads recorded by value."""
+    def constant(a: torch.fx.Node) -> Any:
+        return getattr(root, a.target) if a.op == "get_attr" else a
+
+    args = torch.fx.node.map_arg(node.args, constant)
+    kwargs = torch.fx.node.map_arg(node.kwargs, constant)
+    return Op(target=qualified_name(node.target), args=tuple(encode_arg(a) for a in args),
+              kwargs=tuple((k, encode_arg(v)) for k, v in kwargs.items()), out=node.name)
+
+
+def guard_to_dict(guard: Guard) -> dict[str, Any]:
+    """A guard as JSON-ready data, for the graph's meta."""
+    from hiremate.graph import op_to_dict
+
+    return {"where": guard.where, "value": guard.value, "inputs": guard.inputs,
+            "ops": [op_to_dict(o) for o in guard.ops], "result": guard.result,
+            "convert": guard.convert}
+
+
+def _describe(role: tuple[str, int | None] | None) -> str:
+    kind = role[0] if role else "?"
+    return {"param": "the parameters", "buffer": "a buffer of the model",
+            "grad_input": "an input that needs a gradient",
+            "tangent": "an output's gradient"}.get(kind, "a value hiremate cannot check per call")
+
+
+def _user_frame() -> str:
+    """``file:line (code)`` of the innermost frame outside torch and hiremate: the model's own
+    line that asked for the value."""
+    skip = ("/torch/", "/hiremate/", "/graphbuilder/", "/contextlib.py", "/functools.py")
+    for frame in reversed(traceback.extract_stack()):
+        if not any(s in frame.filename for s in skip):
+            return f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
+    return "an unknown line"
