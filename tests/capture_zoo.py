@@ -222,7 +222,14 @@ def _wav2vec2(**extra: Any) -> Built:
 
 
 def wav2vec2() -> Built:
-    """Wav2Vec2 with ``layerdrop=0``, as the LayerDrop error tells users to set."""
+    """Wav2Vec2 with ``layerdrop=0`` and ``mask_time_prob=0``: what the capture errors tell users
+    to set (LayerDrop is a random branch; SpecAugment draws its masks with numpy)."""
+    return _wav2vec2(layerdrop=0.0, mask_time_prob=0.0)
+
+
+def wav2vec2_specaugment() -> Built:
+    """Wav2Vec2 with ``layerdrop=0`` and its default SpecAugment (``mask_time_prob=0.05``, masks
+    drawn with numpy): capture must refuse, naming ``mask_time_prob``."""
     return _wav2vec2(layerdrop=0.0)
 
 
@@ -489,7 +496,11 @@ CASES: list[Case] = [
     _case("whisper", whisper, "transformers WhisperForConditionalGeneration"),
     _case("vit", vit, "transformers ViTForImageClassification", default_run=True),
     _case("clip_vision", clip_vision, "transformers CLIPVisionModel, loss on last_hidden_state"),
-    _case("wav2vec2", wav2vec2, "transformers Wav2Vec2Model, layerdrop=0"),
+    _case("wav2vec2", wav2vec2, "transformers Wav2Vec2Model, layerdrop=0, mask_time_prob=0"),
+    _case("wav2vec2_specaugment", wav2vec2_specaugment,
+          "transformers Wav2Vec2Model, layerdrop=0, default SpecAugment: GraphCaptureError "
+          "naming mask_time_prob", default_run=True,
+          expect=("GraphCaptureError", r"mask_time_prob")),
     _case("wav2vec2_layerdrop", wav2vec2_layerdrop,
           "transformers Wav2Vec2Model, default LayerDrop: GraphCaptureError naming layerdrop",
           default_run=True, expect=("GraphCaptureError", r"(?i)layerdrop")),
