@@ -103,8 +103,8 @@ def render(rows: dict[str, dict], order: list[str], meta: dict) -> str:
         "*pred.* and *meas.*: predicted and measured peak / budget (pass: meas. <= 1.05); "
         "*grad err*: largest relative error (max |a-b| / max |b|, per tensor) of the loss and "
         "parameter gradients against eager's (pass: <= 1e-10); *None*: `.grad is None` on the "
-        "same parameters as eager; *state*: the build left `state_dict()`, training flags and "
-        "the torch RNG as they were.",
+        "same parameters as eager; *state*: the build left `state_dict()`, the other buffers, "
+        "training and requires_grad flags and the torch RNG as they were (bit for bit).",
         "",
         "| model | result | nodes | capture | solve | budget | pred. | meas. | grad err | None "
         "| state | failed checks |",

@@ -6,8 +6,9 @@ table (``bench/capture_models.py``), so both measure the same things the same wa
 1. eager PyTorch: one seeded training step (forward, ``loss_fn``, backward) gives the reference
    loss, the parameter gradients and the state after a step; the model's state is then put back;
 2. ``HRockmate(model, sample, budget)``; on :class:`InfeasibleBudgetError` once more at its
-   ``min_budget`` (recorded). The model's ``state_dict()`` (bit for bit), its training flags
-   and the global torch RNG state must be what they were before the build;
+   ``min_budget`` (recorded). The model's ``state_dict()`` and non-persistent buffers (bit for
+   bit), its training and ``requires_grad`` flags and the global torch RNG state must be what
+   they were before the build;
 3. one hiremate step with the same seed: loss and gradients against eager's (relative error,
    per tensor: ``max|a - b| / max|b|``), ``.grad is None`` on the same parameters, the state
    after the step (BatchNorm running statistics) against eager's;
@@ -108,9 +109,17 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``state_dict()`` and the non-persistent buffers (rotary ``inv_freq``, masks) too."""
+    state = dict(model.state_dict(keep_vars=True))
+    for name, buf in model.named_buffers():
+        state.setdefault(name, buf)
+    return state
+
+
 def snapshot(model: torch.nn.Module) -> dict[str, Any]:
     return {
-        "state": {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
+        "state": {k: v.detach().clone() for k, v in _state(model).items()},
         "training": [m.training for m in model.modules()],
         "requires_grad": [p.requires_grad for p in model.parameters()],
         "rng": torch.get_rng_state(),
@@ -135,7 +144,7 @@ def differences(before: dict[str, Any], model: torch.nn.Module) -> list[str]:
 
 def restore(model: torch.nn.Module, before: dict[str, Any]) -> None:
     with torch.no_grad():
-        for k, v in model.state_dict(keep_vars=True).items():
+        for k, v in _state(model).items():
             v.copy_(before["state"][k])
 
 
