@@ -131,7 +131,7 @@ def render(rows: dict[str, dict], order: list[str], meta: dict) -> str:
         if row.get("date") and row["date"] != meta["date"]:
             notes = f"{notes} (run {row['date']})".strip()
         body.append(
-            f"| `{name}` ({row.get('what', '')}) | {_result(row).replace('|', '/')} "
+            f"| `{name}`{'*' if row.get('default_run') else ''} ({row.get('what', '')}) | {_result(row).replace('|', '/')} "
             f"| {row.get('nodes') or ''} | {_f(row.get('capture_time'), '.1f')} "
             f"| {_f(row.get('solve_time'), '.1f')} | {_f(frac, '.2f')} | {_f(pred, '.2f')} "
             f"| {_f(meas, '.2f')} | {_f(row.get('grad_error'), '.1e')} | {none_ok} | {state} "
@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         row = _run(name, args.budget, args.config, args.timeout)
         row["what"] = capture_zoo.get(name).what
+        row["default_run"] = not capture_zoo.get(name).slow
         row["date"] = date
         rows[name] = row
         print(f"{name}: {row['status']} {row.get('error', '')[:150]} "
