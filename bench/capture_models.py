@@ -3,6 +3,7 @@ every case of ``tests/capture_zoo.py`` (or the ones named) and write ``docs/mode
 
     python bench/capture_models.py                       # every case, default preset
     python bench/capture_models.py gpt2 bert_mlm         # these rows only; the others are kept
+    python bench/capture_models.py --render              # the page again from docs/models.json
 
 Each case runs in its own process (``--timeout`` seconds, default 900) with a fresh menu cache,
 so solving times are those of a first build. The raw figures go to ``docs/models.json``; the
@@ -93,9 +94,9 @@ def render(rows: dict[str, dict], order: list[str], meta: dict) -> str:
         "`min_budget`), then checked against eager PyTorch by `tests/capture_check.py`, as "
         "`tests/test_capture_models.py` does.",
         "",
-        f"Made by `{meta['command']}` on {meta['date']} (commit {meta['commit']}), torch "
-        f"{meta['torch']}, transformers {meta['transformers']}, {meta['machine']}. A row run "
-        "on another date says so in its last column.",
+        f"Made by `{meta.get('command')}` on {meta.get('date')} (commit {meta.get('commit')}), "
+        f"torch {meta.get('torch')}, transformers {meta.get('transformers')}, "
+        f"{meta.get('machine')}. A row from an earlier run says so in its last column.",
         "",
         "Columns: *nodes*: compute nodes of the CD-graph; *capture*: `hiremate.build_graph` "
         "(capture and cost measurement), s; *solve*: solving, s (with the "
@@ -128,8 +129,8 @@ def render(rows: dict[str, dict], order: list[str], meta: dict) -> str:
         notes = "; ".join(f for f in row.get("failures", []) if ran)
         if row.get("retried_at") is not None:
             notes = f"infeasible at 0.5, built at min_budget; {notes}".rstrip("; ")
-        if row.get("date") and row["date"] != meta["date"]:
-            notes = f"{notes} (run {row['date']})".strip()
+        if row.get("date") and row["date"] != meta.get("date"):
+            notes = f"{notes} (run {row['date']}, {row.get('commit', 'earlier commit')})".strip()
         body.append(
             f"| `{name}`{'*' if row.get('default_run') else ''} ({row.get('what', '')}) | {_result(row).replace('|', '/')} "
             f"| {row.get('nodes') or ''} | {_f(row.get('capture_time'), '.1f')} "
@@ -139,6 +140,16 @@ def render(rows: dict[str, dict], order: list[str], meta: dict) -> str:
     return "\n".join(head + body) + "\n"
 
 
+def _load(raw_path: Path) -> tuple[dict, dict]:
+    """(meta of the last run, rows by name) from the raw file (also its first, rows-only form)."""
+    if not raw_path.exists():
+        return {}, {}
+    raw = json.loads(raw_path.read_text())
+    if "rows" in raw:
+        return raw.get("meta", {}), raw["rows"]
+    return {}, raw
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="*", help="case names (default: all)")
@@ -146,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="hiremate")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", default=str(ROOT / "docs" / "models.md"))
+    ap.add_argument("--render", action="store_true",
+                    help="only write the page again from the raw file (no run)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
@@ -161,10 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         tf_version = "not installed"
     order = [c.name for c in capture_zoo.CASES]
-    names = args.cases or order
     out = Path(args.out)
     raw_path = out.with_suffix(".json")
-    rows = json.loads(raw_path.read_text()) if raw_path.exists() else {}
+    meta, rows = _load(raw_path)
+    for name, row in rows.items():
+        if name in order:
+            row["what"] = capture_zoo.get(name).what
+            row["default_run"] = not capture_zoo.get(name).slow
+    if args.render:
+        out.write_text(render(rows, order, meta))
+        return 0
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip()
@@ -172,16 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": cmd, "date": date, "commit": commit, "torch": torch.__version__,
             "transformers": tf_version,
             "machine": f"CPU, {os.cpu_count()} cores shared with other jobs"}
-    for name in names:
+    for name in args.cases or order:
+        case = capture_zoo.get(name)
         row = _run(name, args.budget, args.config, args.timeout)
-        row["what"] = capture_zoo.get(name).what
-        row["default_run"] = not capture_zoo.get(name).slow
-        row["date"] = date
+        row.update(what=case.what, default_run=not case.slow, date=date, commit=commit)
         rows[name] = row
         print(f"{name}: {row['status']} {row.get('error', '')[:150]} "
               f"{'; '.join(row.get('failures', []))[:200]} ({row.get('wall', 0):.0f} s)",
               flush=True)
-        raw_path.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+        raw_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str)
+                            + "\n")
         out.write_text(render(rows, order, meta))
     return 0
 
