@@ -131,8 +131,9 @@ def render(rows: dict[str, dict], order: list[str], meta: dict) -> str:
             notes = f"infeasible at 0.5, built at min_budget; {notes}".rstrip("; ")
         if row.get("date") and row["date"] != meta.get("date"):
             notes = f"{notes} (run {row['date']}, {row.get('commit', 'earlier commit')})".strip()
+        star = "*" if row.get("default_run") else ""
         body.append(
-            f"| `{name}`{'*' if row.get('default_run') else ''} ({row.get('what', '')}) | {_result(row).replace('|', '/')} "
+            f"| `{name}`{star} ({row.get('what', '')}) | {_result(row).replace('|', '/')} "
             f"| {row.get('nodes') or ''} | {_f(row.get('capture_time'), '.1f')} "
             f"| {_f(row.get('solve_time'), '.1f')} | {_f(frac, '.2f')} | {_f(pred, '.2f')} "
             f"| {_f(meas, '.2f')} | {_f(row.get('grad_error'), '.1e')} | {none_ok} | {state} "
