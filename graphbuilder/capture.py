@@ -197,7 +197,7 @@ def _plain_non_reentrant(function: Any, preserve_rng_state: bool, *rest: Any,
 
 
 @contextlib.contextmanager
-def plain_checkpoints(model_name: str) -> Iterator[None]:
+def plain_checkpoints(model_name: str, announce: bool = True) -> Iterator[None]:
     """Run ``torch.utils.checkpoint`` inside the model as the computation it wraps.
 
     A model that already checkpoints would otherwise trace badly: the reentrant form runs its
@@ -223,7 +223,7 @@ def plain_checkpoints(model_name: str) -> Iterator[None]:
         finally:
             for n, v in saved.items():
                 setattr(ckpt, n, v)
-            if _PlainReentrantCheckpoint.calls > before:
+            if announce and _PlainReentrantCheckpoint.calls > before:
                 log.info("%s calls torch.utils.checkpoint: captured as the computation it "
                          "wraps (hiremate's schedule decides what to recompute)", model_name)
 

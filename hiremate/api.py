@@ -6,6 +6,13 @@ blocks and rk-Rotor on large ones, the fastest schedule the simulator accepts wi
 and runs the schedule with the executor (``hiremate.executor.RematModule``). The result is an
 ``nn.Module`` to call instead of the model. ``save``/``load`` keep the graph and the schedule, so
 a later run skips capture and solving.
+
+Building never changes the model (parameters, buffers, ``.grad``) or the global RNG states,
+although cost measurement and calibration run it for real: one guard
+(:func:`hiremate.preserve.preserved`) around the whole build keeps that promise whatever stage
+runs the model, rather than each stage keeping it for itself. Calls with inputs of other shapes
+(another batch size or sequence length) are captured and solved again, once per input
+signature (config ``on_new_inputs``, ``max_shapes``).
 """
 
 from __future__ import annotations
@@ -13,15 +20,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from hiremate.budget import resolve_budget
 from hiremate.config import Config, load_config
-from hiremate.errors import ConfigError, HiremateError
-from hiremate.graph import Graph
+from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
+                             InputMismatchError)
+from hiremate.graph import DataKind, Graph
+from hiremate.preserve import preserved
 from hiremate.schedule import Schedule, schedule_from_list, schedule_to_list
 from hiremate.simulator import simulate
 
@@ -45,45 +56,82 @@ def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate
     return result
 
 
+@dataclass
+class _Built:
+    """What one capture-and-solve produced for one input signature."""
+
+    graph: Graph
+    schedule: Schedule
+    report: dict[str, Any]
+    executor: Any  # a RematModule, or None when the executor is not installed
+
+
 class HRockmate(torch.nn.Module):
     """``model`` rescheduled to fit ``budget`` (bytes, ``"512MiB"``, or a fraction of the
-    autodiff peak); call it like the model. See the module docstring."""
+    autodiff peak); call it like the model. See the module docstring.
+
+    Building leaves ``model`` as it was: parameters, buffers, ``.grad`` and the global RNG
+    states (:func:`hiremate.preserve.preserved` around the whole build). A call with inputs of
+    other shapes than ``sample`` is captured and solved again for them, once (config
+    ``on_new_inputs``, ``max_shapes``); ``recaptures`` counts those builds and
+    :meth:`variants` lists the ones kept.
+    """
 
     def __init__(self, model: torch.nn.Module, sample: Any, budget: int | float | str,
                  config: str | Path | dict | Config | None = "hiremate", **overrides: Any):
         super().__init__()
-        from hiremate import build_graph
-
         cfg = load_config(config, **overrides)
         if budget is None:
             raise ConfigError("HRockmate needs a budget: bytes, '512MiB', or a fraction (0.5)")
-        graph = build_graph(model, sample)
+        self._init_state(budget)
+        with preserved(model):
+            built = self._build(model, cfg, sample, budget)
+        self._adopt(built, cfg)
+
+    def _init_state(self, budget: int | float | str) -> None:
+        # the budget as the user wrote it: a fraction is resolved again for every new shape
+        self._budget_arg = budget
+        self.recaptures = 0
+        # keyed by the module itself (hashed by identity), so that copies and pickles of this
+        # module keep each report with its copied variant
+        self._variant_reports: dict[Any, dict[str, Any]] = {}
+
+    def _build(self, model, cfg: Config, sample: Any, budget: int | float | str,
+               graph: Graph | None = None, variant: bool = False) -> _Built:
+        """Capture (unless ``graph`` is given), solve, make the executor and calibrate it
+        (``variant``: for other inputs than the sample's, see :meth:`_make_executor`)."""
+        if graph is None:
+            from hiremate import build_graph
+
+            graph = build_graph(model, sample)
         target = resolve_budget(budget, graph)
         result = solve_graph(graph, target, cfg)
-        solve_time = result.report["solve_time"]
-        self._setup(model, graph, result.schedule, result.report, cfg, sample)
-        if self.executor is not None and cfg.calibrate:
-            self._calibrate(model, graph, sample, target, cfg, solve_time)
+        built = _Built(graph, tuple(result.schedule), dict(result.report),
+                       self._make_executor(model, graph, tuple(result.schedule), cfg, sample,
+                                           variant))
+        if built.executor is not None and cfg.calibrate and sample is not None:
+            built = self._calibrate(model, built, sample, target, cfg,
+                                    result.report["solve_time"], variant)
+        return built
 
-    def _calibrate(self, model, graph: Graph, sample: Any, budget: int, cfg: Config,
-                   solve_time: float, tolerance: float = 0.02) -> None:
+    def _calibrate(self, model, first: _Built, sample: Any, budget: int, cfg: Config,
+                   solve_time: float, variant: bool, tolerance: float = 0.02) -> _Built:
         """Measure the executor once; while its peak is above the budget (by more than
         ``tolerance``: the cost model missed some memory, e.g. temporaries or allocator
         rounding), solve again with the budget lowered by the excess (or, when that is out of
         the solvers' reach, at the lowest budget they are known to meet), at most
-        ``cfg.calibrate`` times. The schedule kept is the fastest (predicted) one whose measured peak fits, else
-        the one that measured lowest. The report keeps the user's budget."""
-        from hiremate.errors import InfeasibleBudgetError
+        ``cfg.calibrate`` times. The schedule kept is the fastest (predicted) one whose measured
+        peak fits, else the one that measured lowest. The report keeps the user's budget."""
         from hiremate.measurement import measure
 
         args, kwargs = _split(sample)
+        graph = first.graph
         start = time.perf_counter()
         limit = budget * (1 + tolerance)
         target = budget
-        tried = [(self.schedule, self._report,
-                  measure(self.executor, *args, repeats=1, warmup=0, **kwargs).peak)]
+        tried = [(first, measure(first.executor, *args, repeats=1, warmup=0, **kwargs).peak)]
         for _ in range(cfg.calibrate):
-            measured = tried[-1][2]
+            measured = tried[-1][1]
             if measured <= limit:
                 break
             target = target - (measured - budget)
@@ -93,7 +141,7 @@ class HRockmate(torch.nn.Module):
                 # the lowered budget is out of reach; the lowest budget the solvers are known
                 # to meet still lowers the peak, when it is below the last one tried
                 low = exc.min_budget
-                if low is None or low >= tried[-1][1]["budget"]:
+                if low is None or low >= tried[-1][0].report["budget"]:
                     break
                 target = int(low)
                 try:
@@ -101,20 +149,22 @@ class HRockmate(torch.nn.Module):
                 except InfeasibleBudgetError:
                     break
             solve_time += result.report["solve_time"]
-            if any(result.schedule == t[0] for t in tried):
+            schedule = tuple(result.schedule)
+            if any(schedule == t[0].schedule for t in tried):
                 break
-            self._setup(model, graph, result.schedule, result.report, cfg, sample)
-            tried.append((self.schedule, self._report,
-                          measure(self.executor, *args, repeats=1, warmup=0, **kwargs).peak))
-        fits = [t for t in tried if t[2] <= limit]
-        best = (min(fits, key=lambda t: t[1]["predicted_time"]) if fits
-                else min(tried, key=lambda t: t[2]))
-        if best[0] != self.schedule:
-            self._setup(model, graph, best[0], best[1], cfg, sample)
-        self._report.update(
-            budget=budget, solve_time=solve_time, measured_peak=best[2],
-            calibration=[(t[1]["budget"], t[1]["predicted_peak"], t[2]) for t in tried],
+            built = _Built(graph, schedule, dict(result.report),
+                           self._make_executor(model, graph, schedule, cfg, sample, variant))
+            tried.append((built, measure(built.executor, *args, repeats=1, warmup=0,
+                                         **kwargs).peak))
+        fits = [t for t in tried if t[1] <= limit]
+        best, peak = (min(fits, key=lambda t: t[0].report["predicted_time"]) if fits
+                      else min(tried, key=lambda t: t[1]))
+        best.report.update(
+            budget=budget, solve_time=solve_time, measured_peak=peak,
+            calibration=[(t[0].report["budget"], t[0].report["predicted_peak"], t[1])
+                         for t in tried],
             calibration_time=time.perf_counter() - start)
+        return best
 
     @classmethod
     def from_graph(cls, model: torch.nn.Module, graph: Graph, budget: int | float | str,
@@ -124,33 +174,86 @@ class HRockmate(torch.nn.Module):
         cfg = load_config(config, **overrides)
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
-        target = resolve_budget(budget, graph)
-        result = solve_graph(graph, target, cfg)
-        self._setup(model, graph, result.schedule, result.report, cfg, sample)
-        if self.executor is not None and cfg.calibrate and sample is not None:
-            self._calibrate(model, graph, sample, target, cfg, result.report["solve_time"])
+        self._init_state(budget)
+        with preserved(model):
+            built = self._build(model, cfg, sample, budget, graph=graph)
+        self._adopt(built, cfg)
         return self
 
     # -- construction ---------------------------------------------------------------------------
-    def _setup(self, model, graph: Graph, schedule: Schedule, report: dict, cfg: Config,
-               sample: Any = None) -> None:
-        self.graph = graph
-        self.schedule = tuple(schedule)
-        self._report = dict(report)
+    def _adopt(self, built: _Built, cfg: Config) -> None:
+        """Make ``built`` (the sample's) the module's graph, schedule, report and executor."""
+        self.graph = built.graph
+        self.schedule = built.schedule
+        self._report = built.report
         self.config = cfg
-        self.executor = self._make_executor(model, graph, self.schedule, sample)
-        if self.executor is None:
-            object.__setattr__(self, "_model", model)
+        self.executor = built.executor
 
-    @staticmethod
-    def _make_executor(model, graph: Graph, schedule: Schedule, sample: Any = None):
+    def _make_executor(self, model, graph: Graph, schedule: Schedule, cfg: Config,
+                       sample: Any = None, variant: bool = False):
+        """The executor; the sample's dispatches other inputs to :meth:`_recapture` (config
+        ``on_new_inputs``), a variant's raises on inputs it was not built for."""
         try:
             from hiremate.executor import RematModule
         except ImportError as exc:
             log.warning("hiremate.executor is not available (%s): the schedule is solved but "
                         "cannot run", exc)
+            object.__setattr__(self, "_model", model)
             return None
-        return RematModule(model, graph, schedule, sample=sample)
+        if variant or cfg.on_new_inputs == "raise":
+            return RematModule(model, graph, schedule, sample=sample)
+        return RematModule(model, graph, schedule, sample=sample, on_mismatch=self._recapture,
+                           max_others=cfg.max_shapes)
+
+    def _recapture(self, args: tuple, kwargs: dict, error: InputMismatchError):
+        """A module for inputs that differ from the sample: captured and solved for them, with
+        the user's budget resolved again (a fraction is of *their* autodiff peak), the model
+        left untouched. Called once per input signature by the executor, which keeps the
+        result (at most ``max_shapes``, least recently used evicted)."""
+        if args and kwargs:  # a sample is positional or keyword arguments, not both
+            raise error
+        model = self.executor.model
+        sample = tuple(args) if args else dict(kwargs)
+        live = {id(m) for m in self.executor.variants}  # drop the evicted ones' reports
+        self._variant_reports = {m: r for m, r in self._variant_reports.items() if id(m) in live}
+        log.info("%s; capturing and solving for these inputs (budget %r)", error,
+                 self._budget_arg)
+        start = time.perf_counter()
+        try:
+            # a call under no_grad or inference_mode still builds a module that can train;
+            # tensors made in inference mode cannot be traced, their copies can
+            with torch.inference_mode(False), torch.enable_grad(), preserved(model):
+                sample = pytree.tree_map_only(
+                    torch.Tensor, lambda t: t.clone() if t.is_inference() else t, sample)
+                built = self._build(model, self.config, sample, self._budget_arg, variant=True)
+        except InfeasibleBudgetError as exc:
+            raise InfeasibleBudgetError(
+                f"new inputs ({error}) were captured again, but: {exc}",
+                min_budget=exc.min_budget) from exc
+        except GraphCaptureError as exc:  # e.g. a dtype the model cannot take
+            raise InputMismatchError(
+                f"{error}. Capturing the model again for these inputs failed as well, so they "
+                f"cannot run: {exc}") from exc
+        self.recaptures += 1
+        built.report["recapture_time"] = time.perf_counter() - start
+        self._variant_reports[built.executor] = built.report
+        log.info("built a module for the new inputs in %.2fs (budget %s bytes)",
+                 built.report["recapture_time"], built.report.get("budget"))
+        return built.executor
+
+    def variants(self) -> list[dict[str, Any]]:
+        """The modules built for other inputs than the sample's, least recently used first:
+        ``{"inputs": [(path, shape, dtype), ...], "report": {...}, "module": RematModule}``."""
+        if self.executor is None:
+            return []
+        out = []
+        for m in self.executor.variants:
+            g = m.graph
+            shapes = [(tuple(d.shape), d.dtype) for d in g.data if d.kind is DataKind.INPUT]
+            out.append({"inputs": [(p, *sd) for p, sd in zip(g.meta.get("input_paths", []),
+                                                               shapes)],
+                        "report": dict(self._variant_reports.get(m, {})), "module": m})
+        return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.executor is None:
@@ -160,16 +263,18 @@ class HRockmate(torch.nn.Module):
 
     # -- facts ------------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
-        """Predicted figures, autodiff's, solving time, hierarchy facts and winning solvers."""
+        """Predicted figures, autodiff's, solving time, hierarchy facts and winning solvers
+        (for the sample's inputs; :meth:`variants` has the others')."""
         return dict(self._report)
 
     # -- persistence ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Graph, schedule, report and configuration as one JSON file (no weights)."""
+        """Graph, schedule, report, configuration and the budget as given, as one JSON file (no
+        weights)."""
         payload = {
             "format": SAVE_FORMAT, "graph": self.graph.to_dict(),
             "schedule": schedule_to_list(self.schedule), "report": self._report,
-            "config": self.config.to_dict(),
+            "config": self.config.to_dict(), "budget_arg": self._budget_arg,
         }
         Path(path).write_text(json.dumps(payload, default=float))
 
@@ -190,7 +295,11 @@ class HRockmate(torch.nn.Module):
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
         report = dict(payload["report"], solve_time=0.0, loaded_from=str(path))
-        self._setup(model, graph, schedule, report, Config.from_dict(payload["config"]))
+        cfg = Config.from_dict(payload["config"])
+        # files saved before "budget_arg" existed: their budget in bytes (kept for new shapes)
+        self._init_state(payload.get("budget_arg", report.get("budget")))
+        self._adopt(_Built(graph, tuple(schedule), report,
+                           self._make_executor(model, graph, tuple(schedule), cfg)), cfg)
         return self
 
 

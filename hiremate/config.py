@@ -15,6 +15,12 @@ one within the budget is kept. With ``reuse_schedules`` (and the cache on), the 
 earlier solves of the same graph and configuration found at other budgets are candidates too
 (:mod:`hiremate.schedule_pool`): a solve never returns something slower than a schedule already
 known to fit.
+
+New input shapes (``on_new_inputs``): a call whose inputs differ from the sample (another batch
+size or sequence length) is captured and solved again for those inputs, once, with the budget
+resolved again (a fraction of *their* autodiff peak; bytes stay bytes) and the model left
+untouched; up to ``max_shapes`` such variants are kept besides the sample's, the least recently
+used evicted. ``on_new_inputs: raise`` raises :class:`hiremate.InputMismatchError` instead.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from hiremate.errors import ConfigError
 #: Folder of the YAML presets (the repository's ``configs/``).
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 LEVELS = ("flat", "bottom", "top")
+ON_NEW_INPUTS = ("recapture", "raise")
 
 
 @dataclass
@@ -58,6 +65,8 @@ class Config:
     progress: bool = True
     calibrate: int = 2           # re-solves when the measured peak exceeds the budget (0: off)
     reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.schedule_pool)
+    on_new_inputs: str = "recapture"  # other input shapes: "recapture" (solve again) or "raise"
+    max_shapes: int = 4          # variants for other input shapes kept (least recently used out)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -92,6 +101,13 @@ class Config:
                 raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
         if not isinstance(self.calibrate, int) or self.calibrate < 0:
             raise ConfigError(f"calibrate must be an integer >= 0, got {self.calibrate!r}")
+        if self.on_new_inputs not in ON_NEW_INPUTS:
+            raise ConfigError(f"on_new_inputs must be one of {', '.join(map(repr, ON_NEW_INPUTS))}"
+                              f", got {self.on_new_inputs!r}")
+        if (isinstance(self.max_shapes, bool) or not isinstance(self.max_shapes, int)
+                or self.max_shapes < 1):
+            raise ConfigError(f"max_shapes must be a positive integer (input shapes kept besides "
+                              f"the sample's), got {self.max_shapes!r}")
         if not isinstance(self.n_jobs, int) or self.n_jobs == 0:
             raise ConfigError(f"n_jobs must be a non-zero integer (-1: all cores), got {self.n_jobs!r}")
         self._check_types()

@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
@@ -28,6 +29,7 @@ from hiremate.errors import HiremateError, InputMismatchError, InvalidScheduleEr
 from hiremate.executor_codegen import Program, generate, generate_inference, split_schedule
 from hiremate.executor_io import InputChecker, derive_output_spec
 from hiremate.executor_rng import CallState
+from hiremate.grad_reach import tangents_reaching
 from hiremate.graph import Graph
 from hiremate.graphbuilder.encode import decode_arg
 from hiremate.schedule import Compute, Schedule
@@ -53,16 +55,20 @@ class RematModule(torch.nn.Module):
     construction instead of at the first call. ``on_mismatch`` says what to do when a call's
     inputs differ from those the graph was built for: ``"raise"`` (an
     :class:`InputMismatchError`), or a callable ``(args, kwargs, error) -> RematModule`` that
-    builds a module for the new inputs (it is kept and reused for inputs of that signature).
+    builds a module for the new inputs (it is kept and reused for inputs of that signature;
+    with ``max_others``, at most that many are kept, the least recently used evicted).
     """
 
     def __init__(self, model: torch.nn.Module, graph: Graph, schedule: Schedule, *,
                  sample: Any = None,
                  on_mismatch: str | Callable[[tuple, dict, InputMismatchError], "RematModule"]
-                 = "raise"):
+                 = "raise", max_others: int | None = None):
         super().__init__()
         if on_mismatch != "raise" and not callable(on_mismatch):
             raise HiremateError(f"on_mismatch must be 'raise' or a callable, got {on_mismatch!r}")
+        if max_others is not None and (isinstance(max_others, bool) or
+                                       not isinstance(max_others, int) or max_others < 1):
+            raise HiremateError(f"max_others must be None or an integer >= 1, got {max_others!r}")
         self.model = model
         self._graph = graph
         self._schedule = _complete(graph, tuple(schedule))
@@ -83,7 +89,10 @@ class RematModule(torch.nn.Module):
         self._programs: dict[torch.device, tuple[Program, Program]] = {}
         self._inference: dict[torch.device, Program] = {}
         self._on_mismatch = on_mismatch
-        self._others: dict[Any, RematModule] = {}
+        self._others: OrderedDict[Any, RematModule] = OrderedDict()  # least recent first
+        self._max_others = max_others
+        # per returned gradient (parameters, then inputs), the tangents that reach it
+        self._grad_reach = tangents_reaching(graph)
         # positions among the tensor outputs of those that carry a gradient (tangents)
         tensor_pos = {}
         for i, o in enumerate(self._out_values):
@@ -109,6 +118,11 @@ class RematModule(torch.nn.Module):
     @property
     def predicted(self) -> SimulationResult:
         return self._predicted
+
+    @property
+    def variants(self) -> tuple["RematModule", ...]:
+        """The modules ``on_mismatch`` built for other inputs, least recently used first."""
+        return tuple(self._others.values())
 
     def generated_source(self, device: torch.device | str = "cpu") -> tuple[str, str]:
         """Text of the generated forward and backward programs (for reading and debugging)."""
@@ -164,6 +178,12 @@ class RematModule(torch.nn.Module):
             if other is None:
                 other = self._on_mismatch(args, kwargs, err)
                 self._others[key] = other
+                while self._max_others is not None and len(self._others) > self._max_others:
+                    old_key, _ = self._others.popitem(last=False)
+                    log.info("evicted the module built for inputs %s (least recently used; "
+                             "at most %d kept)", old_key, self._max_others)
+            else:
+                self._others.move_to_end(key)
             return other(*args, **kwargs)
         if self._out_spec is None:
             self._out_spec = derive_output_spec(self.model, args, kwargs, len(self._out_values))
@@ -285,19 +305,24 @@ class _RematFunction(torch.autograd.Function):
         module = run.module
         _, bwd = module._get_programs(run.device)
         tangents = _tangents(module._tangent_pos, ctx.out_meta, grad_outputs, run.device)
+        # tangents the loss reached (autograd gives None for outputs it did not use)
+        live = {k for k, pos in enumerate(module._tangent_pos) if grad_outputs[pos] is not None}
         del grad_outputs
         grads = bwd.fn(call, box, inputs, params, run.frozen, run.buffers, tangents)
         del tangents
         n_p = module._n_params
+        reach = module._grad_reach
         param_grads = list(grads[:n_p])
         input_grads: list[torch.Tensor | None] = [None] * len(inputs)
-        it = iter(grads[n_p:])
+        k = n_p
         for i, rg in enumerate(module._input_rg):
             if rg:
-                g = next(it)
-                input_grads[i] = g if ctx.needs_input_grad[2 + i] else None
+                g = grads[k]
+                # None where no used output reaches the input, as eager autograd leaves it
+                input_grads[i] = g if ctx.needs_input_grad[2 + i] and reach[k] & live else None
+                k += 1
         for j in range(n_p):
-            if not ctx.needs_input_grad[2 + len(inputs) + j]:
+            if not ctx.needs_input_grad[2 + len(inputs) + j] or not reach[j] & live:
                 param_grads[j] = None
         return (None, None, *input_grads, *param_grads)
 

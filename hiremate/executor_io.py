@@ -104,7 +104,7 @@ def derive_output_spec(model: torch.nn.Module, args: tuple, kwargs: dict, n_leav
     from hiremate.graphbuilder.capture import plain_checkpoints, training_call
 
     args, kwargs = training_call(model, args, kwargs)
-    with plain_checkpoints(type(model).__name__):
+    with plain_checkpoints(type(model).__name__, announce=False):
         try:
             spec = _fake_spec(model, args, kwargs)
         except Exception:  # noqa: BLE001 - any failure of fake tensors falls back to a real run

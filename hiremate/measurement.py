@@ -38,7 +38,12 @@ garbage collector is paused during the timed runs (as ``timeit`` does), and no
 the memory figure does not need it, since it only counts blocks allocated during the run.
 
 ``measure`` leaves the user's state as it found it: the ``.grad`` of every parameter and input
-is saved before the first run and put back after the last one, so nothing accumulates.
+is saved before the first run and put back after the last one, so nothing accumulates; the
+buffers of the modules it can see (``fn``, the module of a bound method, modules among the
+arguments: BatchNorm's running statistics) and the global RNG states (dropout) are restored by
+:func:`hiremate.preserve.preserved`, so that measuring a model, or building a wrapper that
+calibrates with this function, does not train its statistics. A plain function that closes over
+a module hides that module's buffers: wrap the call in ``preserved(module)`` then.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from hiremate.errors import ConfigError
+from hiremate.preserve import preserved
 from hiremate.units import fmt_bytes
 
 log = logging.getLogger(__name__)
@@ -492,30 +498,31 @@ def measure(
     times: list[float] = []
     peaks: list[int] = []
     method = ""
-    try:
-        for _ in range(warmup):
-            grads.clear()
-            run()
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # as timeit does: a cyclic collection would land in a random run
+    with preserved(*grads.modules):
         try:
-            for _ in range(repeats):
+            for _ in range(warmup):
                 grads.clear()
-                if cuda:
-                    torch.cuda.synchronize(dev)
-                start = time.perf_counter()
                 run()
-                if cuda:
-                    torch.cuda.synchronize(dev)
-                times.append(time.perf_counter() - start)
+            gc_was_enabled = gc.isenabled()
+            gc.disable()  # as timeit does: a cyclic collection would land in a random run
+            try:
+                for _ in range(repeats):
+                    grads.clear()
+                    if cuda:
+                        torch.cuda.synchronize(dev)
+                    start = time.perf_counter()
+                    run()
+                    if cuda:
+                        torch.cuda.synchronize(dev)
+                    times.append(time.perf_counter() - start)
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
+            for _ in range(repeats):
+                peak, method = _cuda_peak(run, grads, dev) if cuda else _cpu_peak(run, grads)
+                peaks.append(peak)
         finally:
-            if gc_was_enabled:
-                gc.enable()
-        for _ in range(repeats):
-            peak, method = _cuda_peak(run, grads, dev) if cuda else _cpu_peak(run, grads)
-            peaks.append(peak)
-    finally:
-        grads.restore()
+            grads.restore()
 
     result = Measurement(
         peak=max(peaks), time=statistics.median(times), times=tuple(times), peaks=tuple(peaks),

@@ -148,14 +148,27 @@ def test_bad_budget_through_hrockmate(mlp):
 
 
 # -- calls --------------------------------------------------------------------------------------------
-def test_call_with_new_shapes_or_dtypes(mlp):
+def test_call_with_new_shapes_or_dtypes_when_told_to_raise(mlp):
     model, x = mlp
-    h = HRockmate(model, x, 1.0, **FAST)
+    h = HRockmate(model, x, 1.0, on_new_inputs="raise", **FAST)
     with pytest.raises(InputMismatchError, match=r"has shape \(5, 8\) instead of \(3, 8\): the "
                        "schedule was made for the sample's shapes"):
         h(torch.randn(5, 8, dtype=torch.float64))
     with pytest.raises(InputMismatchError, match="has dtype float32 instead of float64"):
         h(x.float())
+    assert h.recaptures == 0 and h.variants() == []
+
+
+def test_call_with_a_dtype_the_model_cannot_take(mlp):
+    """By default other inputs are captured again; when that capture fails too (float32 inputs
+    into a float64 model), the error is still an InputMismatchError naming the difference."""
+    model, x = mlp
+    h = HRockmate(model, x, 1.0, **FAST)
+    with pytest.raises(InputMismatchError, match="has dtype float32 instead of float64.*"
+                       "Capturing the model again for these inputs failed as well.*"
+                       "mat1 and mat2 must have the same dtype"):
+        h(x.float())
+    assert h.recaptures == 0
 
 
 # -- configuration files ------------------------------------------------------------------------------

@@ -1,0 +1,175 @@
+"""Calls with other input shapes than the sample's: captured and solved again once per shape
+(config ``on_new_inputs: recapture``), at most ``max_shapes`` kept, the budget resolved again,
+the model left untouched; outputs and gradients compared with eager PyTorch's."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hiremate import HRockmate
+from hiremate.budget import autodiff_peak
+from hiremate.config import load_config
+from hiremate.errors import ConfigError, InputMismatchError
+from test_model_untouched import CONV, FAST, ConvNet, assert_grads_match
+from test_model_untouched import one_thread  # noqa: F401 (an autouse fixture)
+
+
+def step(module: nn.Module, params: nn.Module, x: torch.Tensor, seed: int):
+    """One forward+backward from a fixed RNG state: loss, and the RNG state after it."""
+    params.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss = module(x).square().sum()
+    loss.backward()
+    return loss.detach(), torch.get_rng_state()
+
+
+def compare_with_eager(h: HRockmate, model: nn.Module, eager: nn.Module, x: torch.Tensor,
+                       seed: int) -> None:
+    ours, rng_ours = step(h, model, x, seed)
+    ref, rng_ref = step(eager, eager, x, seed)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=0)
+    assert_grads_match(model, eager)
+    # a re-capture in the call leaves buffers (BatchNorm's statistics) and the RNG as eager's
+    for (name, b), c in zip(model.named_buffers(), eager.buffers()):
+        torch.testing.assert_close(b, c, rtol=1e-12, atol=0, msg=name)
+    assert torch.equal(rng_ours, rng_ref)
+
+
+def test_new_batch_size_is_captured_once_with_the_fraction_resolved_again(caplog):
+    torch.manual_seed(0)
+    model = ConvNet().double()
+    eager = copy.deepcopy(model)
+    x4 = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    x6 = torch.randn(6, 3, 8, 8, dtype=torch.float64)
+    h = HRockmate(model, x4, 0.5, **CONV)  # calibrate: 2 (default), on the re-capture too
+    with caplog.at_level(logging.INFO, logger="hiremate.api"):
+        for seed in (1, 2):
+            compare_with_eager(h, model, eager, x6, seed)
+    assert h.recaptures == 1
+    assert sum("capturing and solving for these inputs" in r.getMessage()
+               for r in caplog.records) == 1
+    (variant,) = h.variants()
+    assert variant["inputs"] == [("[0][0]", (6, 3, 8, 8), "float64")]
+    # the budget keeps its meaning: half of the new shape's autodiff peak
+    report = variant["report"]
+    new_peak = autodiff_peak(variant["module"].graph)
+    assert new_peak > autodiff_peak(h.graph)
+    assert report["budget"] == math.floor(0.5 * new_peak) != h.report()["budget"]
+    assert report["predicted_peak"] <= report["budget"]
+    assert report["calibration"]
+    # the sample's shape still runs its own schedule, with no new capture
+    compare_with_eager(h, model, eager, x4, 3)
+    assert h.recaptures == 1
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 32),
+                                 nn.Tanh(), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def mlp_inputs(*batches: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randn(b, 8, generator=gen, dtype=torch.float64) for b in batches]
+
+
+def test_max_shapes_evicts_the_least_recently_used_and_bytes_stay_bytes(caplog):
+    torch.manual_seed(0)
+    model = MLP().double()
+    eager = copy.deepcopy(model)
+    x3, x5, x6 = mlp_inputs(3, 5, 6)
+    budget = 10**8  # bytes: the same number at every shape
+    h = HRockmate(model, x3, budget, max_shapes=1, calibrate=0, **FAST)
+    with caplog.at_level(logging.INFO, logger="hiremate.executor"):
+        compare_with_eager(h, model, eager, x5, 1)
+        compare_with_eager(h, model, eager, x5, 2)
+        assert h.recaptures == 1
+        compare_with_eager(h, model, eager, x6, 3)  # beyond max_shapes=1: x5's is evicted
+        assert h.recaptures == 2
+        assert [v["inputs"][0][1] for v in h.variants()] == [(6, 8)]
+        assert any("evicted" in r.getMessage() for r in caplog.records)
+        compare_with_eager(h, model, eager, x5, 4)  # captured again
+    assert h.recaptures == 3
+    assert [v["inputs"][0][1] for v in h.variants()] == [(5, 8)]
+    assert h.variants()[0]["report"]["budget"] == budget == h.report()["budget"]
+    compare_with_eager(h, model, eager, x3, 5)
+    assert h.recaptures == 3
+
+
+def test_least_recently_used_is_evicted_not_the_oldest():
+    torch.manual_seed(0)
+    model = MLP().double()
+    x3, x4, x5, x6 = mlp_inputs(3, 4, 5, 6)
+    h = HRockmate(model, x3, 1.0, max_shapes=2, calibrate=0, **FAST)
+    for x in (x4, x5, x4, x6):  # x4 used again after x5: x5 is the least recently used
+        h(x)
+    assert h.recaptures == 3
+    assert [v["inputs"][0][1] for v in h.variants()] == [(4, 8), (6, 8)]
+    # a copy keeps each variant with its report
+    copied = copy.deepcopy(h)
+    assert [v["report"]["budget"] for v in copied.variants()] == [
+        v["report"]["budget"] for v in h.variants()]
+    assert all(v["module"].model is copied.executor.model for v in copied.variants())
+
+
+def test_saved_fraction_is_resolved_again_after_load(tmp_path):
+    torch.manual_seed(0)
+    model = MLP().double()
+    x3, x7 = mlp_inputs(3, 7)
+    h = HRockmate(model, x3, 0.9, calibrate=0, **FAST)
+    h.save(tmp_path / "h.json")
+    loaded = HRockmate.load(model, tmp_path / "h.json")
+    eager = copy.deepcopy(model)
+    compare_with_eager(loaded, model, eager, x7, 1)
+    (variant,) = loaded.variants()
+    assert variant["report"]["budget"] == math.floor(0.9 * autodiff_peak(variant["module"].graph))
+
+
+def test_on_new_inputs_raise_keeps_the_error():
+    torch.manual_seed(0)
+    model = MLP().double()
+    x3, x5 = mlp_inputs(3, 5)
+    h = HRockmate(model, x3, 1.0, on_new_inputs="raise", calibrate=0, **FAST)
+    with pytest.raises(InputMismatchError, match=r"shape \(5, 8\) instead of \(3, 8\)"):
+        h(x5)
+    assert h.recaptures == 0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"on_new_inputs": "ignore"}, "on_new_inputs must be one of 'recapture', 'raise'"),
+    ({"max_shapes": 0}, "max_shapes must be a positive integer"),
+    ({"max_shapes": True}, "max_shapes must be a positive integer"),
+])
+def test_new_input_keys_are_validated(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("hiremate", **overrides)
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_new_shape_first_seen_without_grad_then_trains(context):
+    """A first call with a new shape under no_grad / inference_mode builds a module that then
+    also trains at that shape."""
+    torch.manual_seed(0)
+    model = MLP().double()
+    eager = copy.deepcopy(model)
+    x3, x5 = mlp_inputs(3, 5)
+    h = HRockmate(model, x3, 1.0, calibrate=0, **FAST)
+    with context():
+        torch.manual_seed(1)
+        ours = h(x5)
+        torch.manual_seed(1)
+        ref = eager(x5)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=0)
+    assert h.recaptures == 1
+    compare_with_eager(h, model, eager, x5, 2)
+    assert h.recaptures == 1
