@@ -18,9 +18,20 @@ timm cases skip, naming the import error, when ``import timm`` fails.
 from __future__ import annotations
 
 import pytest
+import torch
 
 import capture_check
 import capture_zoo
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on a shared, loaded CPU two threads contend, and these tests compare
+    values, not speeds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _params():
