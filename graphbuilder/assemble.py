@@ -298,6 +298,14 @@ def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner) 
                 last_use[o] = i
     sizes = {op.name: _value_size(op) for op in ordered}
     ext_total = sum(sizes.get(o, 0) for o in allocs if o in external)
+    # an op returning several tensors (native_batch_norm, split) allocates them itself; the
+    # getitems that name them come after it, so their bytes are counted at the op, where its
+    # scratch memory is measured (peak during the op = what it keeps + its temporaries)
+    pending: dict[str, int] = {}
+    for op in ordered:
+        if op.target is operator.getitem and op.name in allocs:
+            base = op.args[0].name
+            pending[base] = pending.get(base, 0) + sizes[op.name]
     alive_internal = 0
     ext_so_far = 0
     peak = 0
@@ -308,7 +316,8 @@ def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner) 
             else:
                 alive_internal += sizes[op.name]
         temp = costs[op.name].temp if op.name in costs else 0
-        peak = max(peak, ext_so_far + alive_internal + temp)
+        early = pending.get(op.name, 0)
+        peak = max(peak, ext_so_far + alive_internal + early + temp)
         for o in internal:
             if last_use.get(o, -1) == i or (o == op.name and o not in last_use):
                 alive_internal -= sizes[o]

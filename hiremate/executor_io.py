@@ -67,8 +67,9 @@ class InputChecker:
                     what.append(f"dtype {str(t.dtype).removeprefix('torch.')} instead of {dtype}")
                 raise InputMismatchError(
                     f"input {self.paths[i]} has {' and '.join(what)}: the schedule was made "
-                    "for the sample's shapes and dtypes; build a graph and schedule for these "
-                    "inputs (or pass on_mismatch=callable to RematModule to do it on demand)"
+                    "for the sample's shapes and dtypes; HRockmate captures and solves again "
+                    "for new inputs unless configured with on_new_inputs='raise' (a "
+                    "RematModule does so given on_mismatch=callable)"
                 )
         for guard in self.guards:
             guard.check(tensors)

@@ -337,3 +337,32 @@ def test_guarded_branch_is_never_silently_wrong(bits, all_ones_sample):
             remat(x, mask)
     else:
         torch.testing.assert_close(remat(x, mask), model(x, mask), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("on_new_inputs", ["recapture", "raise"])
+def test_hrockmate_recaptures_or_refuses_a_call_that_takes_the_other_branch(on_new_inputs):
+    """The mask of a later call makes the model take the branch the capture did not follow:
+    HRockmate captures again (once) and trains like eager, or raises as configured."""
+    torch.manual_seed(0)
+    model = MaskBranch()
+    x = torch.randn(2, 4, 6)
+    ones = torch.ones(2, 4)
+    padded = torch.tensor([[1.0] * 4, [1, 1, 0, 0]])
+    wrapped = hiremate.HRockmate(model, (x, ones), 1.0, flat=["hilp"], calibrate=0, n_jobs=1,
+                                 cache=False, progress=False, on_new_inputs=on_new_inputs)
+    if on_new_inputs == "raise":
+        with pytest.raises(hiremate.InputMismatchError, match=r"if mask.all\(\):"):
+            wrapped(x, padded)
+        return
+    for mask in (padded, ones, padded):
+        model.zero_grad(set_to_none=True)
+        loss = wrapped(x, mask).square().sum()
+        loss.backward()
+        ours = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        eager_loss = model(x, mask).square().sum()
+        eager_loss.backward()
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-12, atol=0)
+        for a, b in zip(ours, [p.grad for p in model.parameters()]):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+    assert wrapped.recaptures == 1
