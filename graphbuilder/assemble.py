@@ -71,13 +71,16 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
     # order, and solvers that keep the node order would otherwise hold every such storage
     # until the end of the backward)
     copies_after: dict[int, list[Group]] = {}
+    placeholders = [n for n in cap.gm.graph.nodes if n.op == "placeholder"]
+    n_params = len(cap.param_names)
     for i, name in enumerate(grad_values):
         if name is None:
             continue
         o = owner.get(name, name)
         in_bwd = o in home and home[o].kind is NodeKind.BWD
         shared = sharers[o] > 1
-        if not in_bwd or shared:
+        param = placeholders[i] if i < n_params else None
+        if not in_bwd or shared or not _stealable(nodes_by_name[name], param):
             g = Group(NodeKind.BWD, len(grp.bwd) + i + 1)
             # contiguous, like the parameter: autograd then keeps the copy as .grad instead of
             # copying it again (a view's clone keeps its permuted strides)
@@ -153,7 +156,6 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
     # data nodes: sources in placeholder order, then allocated storage in execution order
     data: list[DataNode] = []
     data_id: dict[str, int] = {}
-    placeholders = [n for n in cap.gm.graph.nodes if n.op == "placeholder"]
     aliases: dict[str, list[str]] = {}
     for name, o in owner.items():
         if name != o:
@@ -260,6 +262,20 @@ def _compute_node(gi, g: Group, node_id, data_id, external, allocs, grp: Groupin
         soft_inputs=soft, partner=partner, signature=sig, ops=tuple(ops),
         mutates=tuple(sorted(g.mutates)), random=random, flops=float(flops),
     )
+
+
+def _stealable(grad: torch.fx.Node, param: torch.fx.Node | None) -> bool:
+    """Whether autograd keeps this gradient as the parameter's ``.grad`` as it is: its strides
+    must match the parameter's in every dimension longer than 1 (autograd's layout contract);
+    otherwise it copies the gradient, and the graph must hold that copy (a convolution's
+    weight gradient in channels-last strides, e.g.), or the simulator misses the original."""
+    if param is None:
+        return True
+    g, p = grad.meta.get("val"), param.meta.get("val")
+    if not isinstance(g, torch.Tensor) or not isinstance(p, torch.Tensor):
+        return True
+    return all(size == 1 or gs == ps
+               for size, gs, ps in zip(g.shape, g.stride(), p.stride()))
 
 
 def _has_ref(args: Any) -> bool:

@@ -105,6 +105,7 @@ class _Emitter:
         self.loaded: list[str] = []
         self.sources_bound: set[str] = set()
         self.computed: set[int] = set()
+        self.runs_left: Counter = Counter()  # computations of each node not yet emitted
         self.rng_index = {n.id: k for k, n in enumerate(n for n in graph.nodes if n.random)}
         self.owner: dict[str, int] = {}
         for d in graph.data:
@@ -235,6 +236,9 @@ class _Emitter:
                     self.bound.discard(r)
         if rng is not None and not first:
             self.lines.append("    _rng_restore(_tok); del _tok")
+            self.runs_left[node.id] -= 1
+            if self.runs_left[node.id] == 1:  # the last replay: its saved state is not needed
+                self.lines.append(f"    _rng_release(C, {rng})")
 
     def op_line(self, op: Op, node: ComputeNode, recompute: bool) -> str:
         out = self.ident(op.out)
@@ -318,10 +322,11 @@ def public_binding(target: str, overload: Any) -> Callable | None:
 
 
 def _namespace() -> dict[str, Any]:
-    from hiremate.executor_rng import rng_replay, rng_restore, rng_save
+    from hiremate.executor_rng import rng_release, rng_replay, rng_restore, rng_save
 
     return {"__builtins__": {}, "_clone": torch.clone, "_rng_save": rng_save,
-            "_rng_replay": rng_replay, "_rng_restore": rng_restore}
+            "_rng_replay": rng_replay, "_rng_restore": rng_restore,
+            "_rng_release": rng_release}
 
 
 def split_schedule(graph: Graph, schedule: tuple[Step, ...]) -> int:
@@ -343,6 +348,7 @@ def generate(graph: Graph, schedule: tuple[Step, ...], device: torch.device
     # the cost model does not count); only recomputed ones replay theirs
     runs = Counter(step.node for step in schedule if isinstance(step, Compute))
     fwd.rng_index = {k: i for k, i in fwd.rng_index.items() if runs[k] > 1}
+    fwd.runs_left = runs
     for step in schedule[:cut]:
         fwd.step(step)
     out_names = output_names(graph)
@@ -350,6 +356,7 @@ def generate(graph: Graph, schedule: tuple[Step, ...], device: torch.device
     bwd = _Emitter(graph, sources, ns, device, "bwd", inherited=set(fwd.bound))
     bwd.computed = set(fwd.computed)
     bwd.rng_index = fwd.rng_index
+    bwd.runs_left = runs
     bwd.idents = fwd.idents
     for name in sources.by_table["tangent"]:
         bwd.read(name, graph.nodes[graph.loss])

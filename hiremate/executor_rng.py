@@ -51,3 +51,9 @@ def rng_restore(token: tuple[CallState, tuple[Any, Any]]) -> None:
     """After a recomputation: the generators continue where they were."""
     call, states = token
     _set(call, states)
+
+
+def rng_release(call: CallState, k: int) -> None:
+    """After the last recomputation of random node ``k``: its saved states (5 KiB on CPU) are
+    not needed any more."""
+    call.rng.pop(k, None)

@@ -127,3 +127,39 @@ def test_generator_state_saved_only_for_recomputed_random_nodes() -> None:
         assert fwd_src.count("_rng_save(") == len(again), name
         assert bwd_src.count("_rng_replay(") + fwd_src.count("_rng_replay(") >= len(again)
     assert again, "keep-none recomputes no random node: the test would prove nothing"
+
+
+def test_generator_state_released_after_the_last_replay() -> None:
+    """A saved generator state lives until the last recomputation of its node, then goes: the
+    program releases each one once, after that node's last replay, and a call keeps none."""
+    graph = graph_of("dropnet")
+    model, (x,) = get_model("dropnet")
+    sched = schedules_of(graph)["keep-none"]
+    remat = RematModule(model, graph, sched)
+    fwd_src, bwd_src = remat.generated_source()
+    source = fwd_src + bwd_src
+    saved = source.count("_rng_save(")
+    assert saved > 0 and source.count("_rng_release(") == saved
+    for line in source.splitlines():
+        if "_rng_release(" in line:
+            k = line.split("(C, ")[1].rstrip(")")
+            after = source[source.index(line):]
+            assert f"_rng_replay(C, {k})" not in after, f"state {k} replayed after its release"
+    # every call state the program saved into holds no generator state after the backward
+    import hiremate.executor_codegen as codegen
+    from hiremate.executor_rng import rng_save
+
+    calls = []
+
+    def spy(call, k):
+        calls.append(call)
+        rng_save(call, k)
+
+    namespace = codegen._namespace
+    codegen._namespace = lambda: {**namespace(), "_rng_save": spy}
+    try:
+        remat._programs.clear()
+        remat(x).sum().backward()
+    finally:
+        codegen._namespace = namespace
+    assert calls and all(call.rng == {} for call in calls)
