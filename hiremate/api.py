@@ -32,6 +32,7 @@ from hiremate.config import Config, load_config
 from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
                              InputMismatchError)
 from hiremate.graph import DataKind, Graph
+from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.preserve import preserved
 from hiremate.schedule import Schedule, schedule_from_list, schedule_to_list
 from hiremate.simulator import simulate
@@ -124,7 +125,7 @@ class HRockmate(torch.nn.Module):
         peak fits, else the one that measured lowest. The report keeps the user's budget."""
         from hiremate.measurement import measure
 
-        args, kwargs = _split(sample)
+        args, kwargs = normalise_sample(sample)
         graph = first.graph
         start = time.perf_counter()
         limit = budget * (1 + tolerance)
@@ -301,11 +302,3 @@ class HRockmate(torch.nn.Module):
         self._adopt(_Built(graph, tuple(schedule), report,
                            self._make_executor(model, graph, tuple(schedule), cfg)), cfg)
         return self
-
-
-def _split(sample: Any) -> tuple[tuple, dict]:
-    if isinstance(sample, dict):
-        return (), dict(sample)
-    if isinstance(sample, (tuple, list)):
-        return tuple(sample), {}
-    return (sample,), {}

@@ -34,6 +34,7 @@ import hiremate
 from capture_zoo import Case, Unavailable
 from hiremate.api import HRockmate
 from hiremate.errors import InfeasibleBudgetError
+from hiremate.graphbuilder.capture import normalise_sample
 
 SEED = 1234
 PEAK_SLACK = 1.05
@@ -90,14 +91,6 @@ class Outcome:
         return out
 
 
-def split(sample: Any) -> tuple[tuple, dict]:
-    if isinstance(sample, dict):
-        return (), dict(sample)
-    if isinstance(sample, (tuple, list)):
-        return tuple(sample), {}
-    return (sample,), {}
-
-
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -151,7 +144,7 @@ def restore(model: torch.nn.Module, before: dict[str, Any]) -> None:
 def training_step(fn: Any, model: torch.nn.Module, sample: Any, loss_fn: Any):
     """One seeded step of ``fn`` (the model or its hiremate module): the loss, every parameter's
     ``.grad`` (None kept), and the buffers after the step. The caller's RNG states are kept."""
-    args, kwargs = split(sample)
+    args, kwargs = normalise_sample(sample)
     for p in model.parameters():
         p.grad = None
     np_state = np.random.get_state()
@@ -249,7 +242,7 @@ def check_case(case: Case, budget: float = 0.5, catch: bool = False, measure: bo
         restore(model, before)
         if measure:
             stage = "measure"
-            args, kwargs = split(sample)
+            args, kwargs = normalise_sample(sample)
             m = hiremate.measure(rm, *args, loss_fn=loss_fn, repeats=1, warmup=1, **kwargs)
             out.measured_peak = m.peak
             restore(model, before)
