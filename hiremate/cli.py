@@ -98,7 +98,8 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the pipeline on a built-in model")
-    demo.add_argument("--model", default="gpt2", help="zoo model (default: gpt2)")
+    demo.add_argument("--model", default="mlp",
+                      help="zoo model (default: mlp, built in: no optional extra needed)")
     demo.set_defaults(func=cmd_demo)
 
     inspect = sub.add_parser("inspect", help="build a zoo model's graph and print its sizes")
