@@ -24,9 +24,9 @@ import torch
 import torch.fx
 
 from hiremate.errors import GraphCaptureError
-from hiremate.graph import DataKind, NodeKind, Op, Ref
+from hiremate.graph import DataKind, NodeKind, Op
 from hiremate.graphbuilder.capture import JointCapture
-from hiremate.graphbuilder.opinfo import LIKE_FACTORIES, op_kind, qualified_name, schema_name
+from hiremate.graphbuilder.opinfo import LIKE_FACTORIES, op_kind, schema_name
 
 
 @dataclass

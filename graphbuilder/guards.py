@@ -82,9 +82,10 @@ class BranchRecorder(TorchFunctionMode):
             node = get_proxy_slot(args[0], mode.tracer).proxy.node
         except (KeyError, AttributeError, RuntimeError):  # not a traced value: a real constant
             return func(*args, **kwargs)
-        return self._specialise(node, func, mode.tracer.graph)
+        return self._specialise(node, func, mode.tracer)
 
-    def _specialise(self, node: torch.fx.Node, func: Any, graph: torch.fx.Graph) -> Any:
+    def _specialise(self, node: torch.fx.Node, func: Any, tracer: Any) -> Any:
+        graph, root = tracer.graph, tracer.root
         where = _user_frame()
         order = {n: i for i, n in enumerate(graph.nodes)}
         needed = sorted(_ancestors(node), key=order.__getitem__)
@@ -102,7 +103,6 @@ class BranchRecorder(TorchFunctionMode):
                     "asking for the tensor's value (torch.where, masking), or keep it outside "
                     "the wrapped model"
                 )
-        root = get_proxy_mode().tracer.root
         inputs = {n.name: role[n.name][1] for n in needed if n.op == "placeholder"}
         ops = tuple(_record(n, root) for n in needed if n.op == "call_function")
         value = self._evaluate(needed, node, inputs, func, root)
