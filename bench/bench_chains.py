@@ -17,10 +17,10 @@ import argparse
 import random
 import time
 
-from hiremate.option import Option
-from hiremate.solvers.chain import Chain, simulate_chain, store_all_ops
-from hiremate.solvers.rk_rotor import Block, BlockChain, block_min_budget, solve_blocks
-from hiremate.solvers.rotor import persistent_min_budget, solve_persistent, solve_weak
+from hiremate.ir.option import Option
+from hiremate.solvers.chain.model import Chain, simulate_chain, store_all_ops
+from hiremate.solvers.chain.rk_rotor import Block, BlockChain, block_min_budget, solve_blocks
+from hiremate.solvers.chain.rotor import persistent_min_budget, solve_persistent, solve_weak
 
 
 def random_chain(seed: int, stages: int) -> Chain:

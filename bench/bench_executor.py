@@ -19,8 +19,8 @@ import torch
 
 import hiremate
 from hiremate import zoo
-from hiremate.executor import RematModule
-from hiremate.measurement import loss_of
+from hiremate.runtime.executor import RematModule
+from hiremate.runtime.measurement import loss_of
 
 
 def _step(fn, args, kwargs, sync, clock) -> float:

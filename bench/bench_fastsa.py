@@ -24,10 +24,10 @@ from typing import Callable
 
 import hiremate
 from hiremate.errors import InfeasibleBudgetError
-from hiremate.graph import Graph
-from hiremate.solvers.fastsa import FastSA
+from hiremate.ir.graph import Graph
+from hiremate.solvers.fastsa.solver import FastSA
 from hiremate.solvers.twremat import TWRemat
-from hiremate.synthetic import random_graph
+from hiremate.testing.synthetic import random_graph
 
 FRACTIONS = (0.3, 0.5, 0.7)
 
@@ -125,7 +125,7 @@ def load_fastsa_at(rev: str):
     for name in ("fastsa_state", "fastsa"):
         text = subprocess.run(["git", "show", f"{rev}:solvers/{name}.py"], cwd=root,
                               capture_output=True, text=True, check=True).stdout
-        text = text.replace("hiremate.solvers.fastsa_state", f"fastsa_state_{tag}")
+        text = text.replace("hiremate.solvers.fastsa.state", f"fastsa_state_{tag}")
         path = f"{tmp}/{name}_{tag}.py"
         with open(path, "w") as fh:
             fh.write(text)

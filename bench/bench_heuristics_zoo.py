@@ -43,7 +43,7 @@ def build(name: str):
 
 def checked(graph, schedule, budget: int):
     """Replay ``schedule``; the bench refuses invalid or over-budget schedules."""
-    from hiremate.simulator import simulate
+    from hiremate.ir.simulator import simulate
 
     sim = simulate(graph, schedule)
     assert sim.valid, f"invalid schedule: {sim.error}"
@@ -87,10 +87,10 @@ def main(argv=None) -> int:
 
     from hiremate import zoo
     from hiremate.errors import InfeasibleBudgetError
-    from hiremate.simulator import autodiff_schedule, simulate
-    from hiremate.solvers.fastsa import FastSA
-    from hiremate.solvers.hilp import HilpSolver
-    from hiremate.solvers.hilp_hier_solver import HilpTop
+    from hiremate.ir.simulator import autodiff_schedule, simulate
+    from hiremate.solvers.fastsa.solver import FastSA
+    from hiremate.solvers.hilp.flat import HilpSolver
+    from hiremate.solvers.hilp.top import HilpTop
     from hiremate.solvers.twremat import TWRemat
 
     names = args.models or zoo.names()

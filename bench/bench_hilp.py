@@ -14,10 +14,10 @@ import logging
 import time
 
 from hiremate.errors import HiremateError
-from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.solvers.hilp import HilpSolver, memory_floor
-from hiremate.solvers.hilp_model import build_model
-from hiremate.synthetic import random_graph
+from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.solvers.hilp.flat import HilpSolver, memory_floor
+from hiremate.solvers.hilp.model import build_model
+from hiremate.testing.synthetic import random_graph
 
 
 def main() -> None:

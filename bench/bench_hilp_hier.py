@@ -33,8 +33,9 @@ def menus(graph, menu_time: float, cache_dir: str | None, grid: tuple[int, int, 
     ``grid``: (menu_peaks, menu_saves, n_options) instead of the preset's; ``peel_min``: peel
     the sinks of blocks of at least that many forward nodes, :mod:`hiremate.partition.peel`)."""
     from hiremate.config import load_config
-    from hiremate.hierarchical import TopProblem, make_blocks, solve_menus
-    from hiremate.menu_cache import MenuCache
+    from hiremate.ir.blocks import TopProblem, make_blocks
+    from hiremate.composer.menus import solve_menus
+    from hiremate.composer.menu_cache import MenuCache
     from hiremate.partition import PeelPartition, SequencePartition
 
     extra = {} if grid is None else dict(zip(("menu_peaks", "menu_saves", "n_options"), grid))
@@ -52,9 +53,9 @@ def index_order(graph, schedule):
     constant nodes that the sequence partition hoists into a prologue) delayed to that turn:
     the flat H-ILP first computes the nodes in index order, so only such a schedule can
     warm-start it (``phases_from_schedule``). The original when the result is not valid."""
-    from hiremate.schedule import Compute
-    from hiremate.simulator import simulate
-    from hiremate.solvers.remat_sequence import sequence_to_schedule
+    from hiremate.ir.schedule import Compute
+    from hiremate.ir.simulator import simulate
+    from hiremate.ir.sequence import sequence_to_schedule
 
     out, early, t = [], set(), 0
     for step in schedule:
@@ -106,10 +107,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING, stream=sys.stderr)
 
     from hiremate.errors import HiremateError
-    from hiremate.hierarchical import RkRotorTop
-    from hiremate.simulator import autodiff_schedule, simulate
-    from hiremate.solvers.hilp import CheckmateSolver, lower_bound
-    from hiremate.solvers.hilp_hier_solver import HilpTop
+    from hiremate.solvers.chain.rk_rotor_top import RkRotorTop
+    from hiremate.ir.simulator import autodiff_schedule, simulate
+    from hiremate.solvers.hilp.flat import CheckmateSolver, lower_bound
+    from hiremate.solvers.hilp.top import HilpTop
 
     print("| model | nodes | blocks | budget | flat H-ILP | flat MILP bound | hier. H-ILP "
           "| rk-Rotor top | LP bound | flat s | menus s | hier. top s | LP s |")

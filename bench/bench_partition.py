@@ -14,10 +14,10 @@ import argparse
 import time
 
 from hiremate.partition import HPartition
-from hiremate.partition.gptlike import gpt_like_dag, gpt_like_dag_ops, layers_for
+from hiremate.testing.gptlike import gpt_like_dag, gpt_like_dag_ops, layers_for
 from hiremate.partition.hierarchy import hierarchy_from_levels
 from hiremate.partition.hpartition import hpartition_levels
-from hiremate.synthetic import graph_from_dag
+from hiremate.testing.synthetic import graph_from_dag
 
 
 def run(sizes: list[int], graph_up_to: int, max_top: int, max_sub: int) -> list[dict]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import hiremate
 from hiremate import zoo
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 from hiremate.partition import HPartition
 
 COLUMNS = ("model", "layers", "fwd_ops", "fwd_nodes", "depth", "subgraphs", "unique", "largest",

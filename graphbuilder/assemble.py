@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from hiremate.errors import GraphCaptureError
-from hiremate.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref
+from hiremate.ir.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref
 from hiremate.graphbuilder.capture import JointCapture
 from hiremate.graphbuilder.costs import OpCost
 from hiremate.graphbuilder.encode import encode_arg

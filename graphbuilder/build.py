@@ -10,7 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from hiremate.errors import ConfigError
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 from hiremate.graphbuilder.assemble import assemble
 from hiremate.graphbuilder.capture import capture, normalise_sample
 from hiremate.graphbuilder.costs import COST_MODELS, op_costs

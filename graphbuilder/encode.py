@@ -1,4 +1,4 @@
-"""Turn fx arguments into the serialisable arguments of :class:`hiremate.graph.Op`."""
+"""Turn fx arguments into the serialisable arguments of :class:`hiremate.ir.graph.Op`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 import torch.fx
 
 from hiremate.errors import GraphCaptureError
-from hiremate.graph import Ref
+from hiremate.ir.graph import Ref
 
 
 def encode_arg(value: Any, rename: dict[str, str] | None = None) -> Any:

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 from hiremate.errors import GraphCaptureError
-from hiremate.graph import DataKind, NodeKind, Op
+from hiremate.ir.graph import DataKind, NodeKind, Op
 from hiremate.graphbuilder.capture import JointCapture
 from hiremate.graphbuilder.opinfo import LIKE_FACTORIES, op_kind, schema_name
 

@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from hiremate.errors import GraphCaptureError
-from hiremate.graph import Op
+from hiremate.ir.graph import Op
 from hiremate.graphbuilder.encode import encode_arg
 from hiremate.graphbuilder.opinfo import op_kind, qualified_name
 
@@ -162,7 +162,7 @@ def _record(node: torch.fx.Node, root: torch.nn.Module) -> Op:
 
 def guard_to_dict(guard: Guard) -> dict[str, Any]:
     """A guard as JSON-ready data, for the graph's meta."""
-    from hiremate.graph import op_to_dict
+    from hiremate.ir.graph import op_to_dict
 
     return {"where": guard.where, "value": guard.value, "inputs": guard.inputs,
             "ops": [op_to_dict(o) for o in guard.ops], "result": guard.result,

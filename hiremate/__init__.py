@@ -14,9 +14,9 @@ from hiremate.errors import (
     InvalidScheduleError,
     SolverError,
 )
-from hiremate.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref
-from hiremate.schedule import Compute, Delete, Schedule
-from hiremate.simulator import SimulationResult, autodiff_schedule, simulate
+from hiremate.ir.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref
+from hiremate.ir.schedule import Compute, Delete, Schedule
+from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
 from hiremate.units import fmt_bytes, parse_bytes
 
 __version__ = "0.1.0"
@@ -30,8 +30,8 @@ def build_graph(model, sample, **kwargs):
 
 
 def measure(fn, *args, **kwargs):
-    """Peak activation bytes and time of one forward+backward (see ``hiremate.measurement``)."""
-    from hiremate.measurement import measure as _measure
+    """Peak activation bytes and time of one forward+backward (see ``hiremate.runtime.measurement``)."""
+    from hiremate.runtime.measurement import measure as _measure
 
     return _measure(fn, *args, **kwargs)
 
@@ -49,7 +49,7 @@ __all__ = [
 _LAZY = {
     "HRockmate": "hiremate.api", "Config": "hiremate.config",
     "register_solver": "hiremate.registry", "register_partitioner": "hiremate.registry",
-    "RematModule": "hiremate.executor", "solve_graph": "hiremate.api",
+    "RematModule": "hiremate.runtime.executor", "solve_graph": "hiremate.api",
     "load_config": "hiremate.config",
 }
 

@@ -1,15 +1,15 @@
 """``HRockmate``: a model that trains within an activation-memory budget, in one call.
 
 ``HRockmate(model, sample, budget, config="hiremate", **overrides)`` captures the model's
-CD-graph, solves it (:func:`hiremate.hierarchical.solve`: flat solvers on small graphs, menus of
+CD-graph, solves it (:func:`hiremate.composer.solve.solve`: flat solvers on small graphs, menus of
 blocks and rk-Rotor on large ones, the fastest schedule the simulator accepts within the budget)
-and runs the schedule with the executor (``hiremate.executor.RematModule``). The result is an
+and runs the schedule with the executor (``hiremate.runtime.executor.RematModule``). The result is an
 ``nn.Module`` to call instead of the model. ``save``/``load`` keep the graph and the schedule, so
 a later run skips capture and solving.
 
 Building never changes the model (parameters, buffers, ``.grad``) or the global RNG states,
 although cost measurement and calibration run it for real: one guard
-(:func:`hiremate.preserve.preserved`) around the whole build keeps that promise whatever stage
+(:func:`hiremate.runtime.preserve.preserved`) around the whole build keeps that promise whatever stage
 runs the model, rather than each stage keeping it for itself. Calls with inputs of other shapes
 (another batch size or sequence length) are captured and solved again, once per input
 signature (config ``on_new_inputs``, ``max_shapes``).
@@ -27,15 +27,15 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from hiremate.budget import resolve_budget
+from hiremate.ir.budget import resolve_budget
 from hiremate.config import Config, load_config
 from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
                              InputMismatchError)
-from hiremate.graph import DataKind, Graph
+from hiremate.ir.graph import DataKind, Graph
 from hiremate.graphbuilder.capture import normalise_sample
-from hiremate.preserve import preserved
-from hiremate.schedule import Schedule, schedule_from_list, schedule_to_list
-from hiremate.simulator import simulate
+from hiremate.runtime.preserve import preserved
+from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
+from hiremate.ir.simulator import simulate
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,9 @@ SAVE_FORMAT = 1
 
 def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate",
                 **overrides: Any):
-    """Solve an already captured graph: a :class:`~hiremate.hierarchical.SolveResult`."""
-    from hiremate.hierarchical import solve
-    from hiremate.menu_cache import MenuCache
+    """Solve an already captured graph: a :class:`~hiremate.composer.solve.SolveResult`."""
+    from hiremate.composer.solve import solve
+    from hiremate.composer.menu_cache import MenuCache
 
     cfg = load_config(config, **overrides)
     nbytes = resolve_budget(budget, graph)
@@ -72,7 +72,7 @@ class HRockmate(torch.nn.Module):
     autodiff peak); call it like the model. See the module docstring.
 
     Building leaves ``model`` as it was: parameters, buffers, ``.grad`` and the global RNG
-    states (:func:`hiremate.preserve.preserved` around the whole build). A call with inputs of
+    states (:func:`hiremate.runtime.preserve.preserved` around the whole build). A call with inputs of
     other shapes than ``sample`` is captured and solved again for them, once (config
     ``on_new_inputs``, ``max_shapes``); ``recaptures`` counts those builds and
     :meth:`variants` lists the ones kept.
@@ -123,7 +123,7 @@ class HRockmate(torch.nn.Module):
         the solvers' reach, at the lowest budget they are known to meet), at most
         ``cfg.calibrate`` times. The schedule kept is the fastest (predicted) one whose measured
         peak fits, else the one that measured lowest. The report keeps the user's budget."""
-        from hiremate.measurement import measure
+        from hiremate.runtime.measurement import measure
 
         args, kwargs = normalise_sample(sample)
         graph = first.graph
@@ -195,9 +195,9 @@ class HRockmate(torch.nn.Module):
         """The executor; the sample's dispatches other inputs to :meth:`_recapture` (config
         ``on_new_inputs``), a variant's raises on inputs it was not built for."""
         try:
-            from hiremate.executor import RematModule
+            from hiremate.runtime.executor import RematModule
         except ImportError as exc:
-            log.warning("hiremate.executor is not available (%s): the schedule is solved but "
+            log.warning("hiremate.runtime.executor is not available (%s): the schedule is solved but "
                         "cannot run", exc)
             object.__setattr__(self, "_model", model)
             return None
@@ -258,7 +258,7 @@ class HRockmate(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.executor is None:
-            raise HiremateError("hiremate.executor is not installed in this build: the schedule "
+            raise HiremateError("hiremate.runtime.executor is not installed in this build: the schedule "
                                 "was solved (see .report()) but cannot be run")
         return self.executor(*args, **kwargs)
 

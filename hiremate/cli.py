@@ -114,7 +114,7 @@ def make_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--save", metavar="JSON", help="write the graph to this file")
     inspect.set_defaults(func=cmd_inspect)
 
-    from hiremate.sweep_cli import add_commands  # sweep, solve, plot
+    from hiremate.sweep.cli import add_commands  # sweep, solve, plot
 
     add_commands(sub)
     return parser

@@ -13,7 +13,7 @@ no flat solver met the budget, or when the best flat schedule is predicted more 
 ``hierarchical_above`` times slower than autodiff; all candidates are simulated and the fastest
 one within the budget is kept. With ``reuse_schedules`` (and the cache on), the schedules that
 earlier solves of the same graph and configuration found at other budgets are candidates too
-(:mod:`hiremate.schedule_pool`): a solve never returns something slower than a schedule already
+(:mod:`hiremate.composer.pool`): a solve never returns something slower than a schedule already
 known to fit.
 
 New input shapes (``on_new_inputs``): a call whose inputs differ from the sample (another batch
@@ -64,7 +64,7 @@ class Config:
     cache_dir: str | None = None  # default: $HIREMATE_CACHE or ~/.cache/hiremate
     progress: bool = True
     calibrate: int = 2           # re-solves when the measured peak exceeds the budget (0: off)
-    reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.schedule_pool)
+    reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.composer.pool)
     on_new_inputs: str = "recapture"  # other input shapes: "recapture" (solve again) or "raise"
     max_shapes: int = 4          # variants for other input shapes kept (least recently used out)
 

@@ -7,7 +7,7 @@ the level where a configuration places it (``hiremate.config``):
   (``min_budget(graph) -> int`` optional: the smallest budget it meets);
 - ``bottom``: ``applicable(graph)`` and ``menu(graph, budgets) -> list[Option]``; ``budgets``
   are peaks (ints), or ``(peak, save)`` pairs when the class sets ``menu_pairs = True``;
-- ``top``: ``compose(blocks, budget)`` (see :mod:`hiremate.hierarchical`).
+- ``top``: ``compose(blocks, budget)`` (see :mod:`hiremate.composer.solve`).
 
 Plugins register through the entry-point groups ``hiremate.solvers`` and
 ``hiremate.partitioners`` (the entry point's name is the registered name, its object the class),
@@ -127,9 +127,9 @@ def _builtins() -> None:
         return
     _builtins_done = True
     from hiremate.partition import PARTITIONERS
-    from hiremate.solvers.fastsa import FASTSA_SOLVERS
-    from hiremate.solvers.hilp import HILP_SOLVERS
-    from hiremate.solvers.rotor import CHAIN_SOLVERS
+    from hiremate.solvers.fastsa.solver import FASTSA_SOLVERS
+    from hiremate.solvers.hilp.flat import HILP_SOLVERS
+    from hiremate.solvers.chain.rotor import CHAIN_SOLVERS
     from hiremate.solvers.twremat import TWREMAT_SOLVERS
 
     for name, cls in PARTITIONERS.items():
@@ -141,13 +141,15 @@ def _builtins() -> None:
             _SOLVERS.setdefault(name, cls)
     for name, cls in CHAIN_SOLVERS.items():
         _SOLVERS.setdefault(name, _with_menu(cls))
-    from hiremate.solvers.join_solver import JOIN_SOLVERS
+    from hiremate.solvers.chain.join import JOIN_SOLVERS
 
     for name, cls in JOIN_SOLVERS.items():
         _SOLVERS.setdefault(name, _with_menu(cls))
-    from hiremate.hierarchical import RkRotorTop
+    from hiremate.solvers.chain.rk_rotor_top import RkRotorTop
+    from hiremate.solvers.hilp.top import HilpTop
 
     _SOLVERS.setdefault("rk-rotor", RkRotorTop)
+    _SOLVERS.setdefault("hilp-top", HilpTop)
 
 
 def _with_pairs(cls: type) -> type:
@@ -161,8 +163,8 @@ def _with_menu(cls: type) -> type:
     single store-everything option; Rotor's sequences on a chain-shaped block)."""
     def menu(self, graph, budgets):
         from hiremate.errors import InfeasibleBudgetError
-        from hiremate.option import pareto_front
-        from hiremate.solvers.hilp_menu import option_from_schedule
+        from hiremate.ir.option import pareto_front
+        from hiremate.solvers.menu import option_from_schedule
 
         options = []
         for b in sorted(set(int(x) for x in budgets)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from hiremate.errors import ConfigError
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 
 from .canonical import SubgraphClass, Translation
 from .dag import ForwardDag, contract, forward_dag

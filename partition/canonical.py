@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hiremate.schedule import Compute, Delete, Schedule
+from hiremate.ir.schedule import Compute, Delete, Schedule
 
 if TYPE_CHECKING:
     from .hierarchy import Hierarchy, Subgraph

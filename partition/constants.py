@@ -20,7 +20,7 @@ run first in a valid topological order.
 Holding hoisted values costs their size from the prologue until their last reader, so the size
 is bounded (:func:`prologue`): at most ``fraction`` of the bytes of all forward values, the
 smallest values first. The composers count what they keep (see
-:func:`hiremate.hierarchical.long_lived`), so the bound only keeps the cost low, it is not what
+:func:`hiremate.ir.blocks.long_lived`), so the bound only keeps the cost low, it is not what
 makes schedules fit.
 """
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hiremate.graph import DataKind, Graph
 
 if TYPE_CHECKING:
     from .dag import ForwardDag
@@ -37,63 +36,6 @@ if TYPE_CHECKING:
 #: and position ids are well below 1% of a transformer's activations; 5% leaves room for
 #: models with several such tensors while bounding what every schedule must hold on to
 DEFAULT_FRACTION = 0.05
-
-_FLOAT_DTYPES = ("float", "bfloat", "complex")
-
-
-def grad_sources(graph: Graph) -> set[int]:
-    """Source data that need a gradient: trainable parameters and inputs that require one.
-
-    The graph's meta says which parameters are frozen and which inputs require a gradient
-    (:func:`hiremate.build_graph` records both); without it (hand-made graphs), every parameter
-    and every floating-point input is taken to need one (the safe side).
-    """
-    meta = graph.meta
-    n_train = len(meta["param_names"]) if "param_names" in meta else None
-    input_rg = meta.get("input_requires_grad")
-    out: set[int] = set()
-    k_param = k_input = 0
-    for d in graph.data:
-        if d.producer is not None:
-            continue
-        if d.kind is DataKind.PARAM:
-            if n_train is None or k_param < n_train:
-                out.add(d.id)
-            k_param += 1
-        elif d.kind is DataKind.INPUT:
-            if input_rg is not None and k_input < len(input_rg):
-                needs = bool(input_rg[k_input])
-            else:
-                needs = d.dtype.startswith(_FLOAT_DTYPES)
-            if needs:
-                out.add(d.id)
-            k_input += 1
-    return out
-
-
-def constant_nodes(graph: Graph) -> set[int]:
-    """Forward compute ids of the constant nodes (module docstring)."""
-    sources = grad_sources(graph)
-    mutated = any(n.mutates for n in graph.nodes)
-    data = graph.data
-    const: set[int] = set()
-    for node in graph.fwd_nodes:  # topological order: predecessors are decided first
-        if node.random or node.mutates:
-            continue
-        ok = True
-        for d in node.inputs + node.soft_inputs:
-            dn = data[d]
-            if dn.producer is None:
-                if d in sources or (mutated and dn.kind is DataKind.BUFFER):
-                    ok = False
-                    break
-            elif dn.producer not in const:
-                ok = False
-                break
-        if ok:
-            const.add(node.id)
-    return const
-
 
 def prologue(dag: "ForwardDag", fraction: float = DEFAULT_FRACTION) -> list[int]:
     """DAG nodes to hoist, sorted: constant nodes closed under predecessors, whose values read

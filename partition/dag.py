@@ -18,9 +18,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 
-from .constants import constant_nodes
+from hiremate.ir.constants import constant_nodes
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ hierarchy) needs: one level, whose only subgraph is the root holding every forwa
 
 from __future__ import annotations
 
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 
 from .dag import ForwardDag, forward_dag
 from .hierarchy import Hierarchy, hierarchy_from_levels

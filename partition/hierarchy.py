@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from hiremate.graph import FINAL_KINDS, DataKind, Graph
+from hiremate.ir.graph import FINAL_KINDS, DataKind, Graph
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -52,7 +52,7 @@ import heapq
 import logging
 
 from hiremate.errors import ConfigError
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 
 from .dag import ForwardDag, contract, forward_dag
 from .hierarchy import Hierarchy, hierarchy_from_levels

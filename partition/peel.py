@@ -16,13 +16,13 @@ of the block through it, and each of its predecessors is in the rest or in an ea
 Blocks with several sinks are left alone, and so is a block whose peel would leave the graph of
 the blocks' forward and backward parts with a cycle (checked with the graph, the backward nodes
 assigned to blocks by the hierarchical solve's own rule,
-:func:`hiremate.hierarchical.assign_backward`): e.g. a gradient sum that reads from both sides
+:func:`hiremate.ir.blocks.assign_backward`): e.g. a gradient sum that reads from both sides
 of a sink without a backward node of its own (a residual add, whose gradient passes through)
 stays at the top level, between two parts of one block's backward. On a bare forward DAG
 (``partition_dag``) there is no such check.
 
 The result is a hierarchy of depth 2 (the peeled top level over the forward nodes): the
-hierarchical solve (:func:`hiremate.hierarchical.make_blocks`) reads only the top level's
+hierarchical solve (:func:`hiremate.ir.blocks.make_blocks`) reads only the top level's
 blocks, flattened to their nodes. A chain partition's linking-by-one-value property is lost
 where a skip connection enters a sink; rk-Rotor's chain model is then only a guide (its
 schedules are simulated), the hierarchical H-ILP takes any dependency shape.
@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from hiremate.errors import ConfigError
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 
 from .dag import ForwardDag, forward_dag
 from .hierarchy import Hierarchy, hierarchy_from_levels
@@ -69,7 +69,7 @@ def _acyclic_contraction(graph: Graph, node_ids: list[int]
     """A veto for :func:`peel_sinks`: with the backward nodes assigned to blocks as the
     hierarchical solve does, the graph of the blocks' forward and backward parts (and the
     nodes left at the top level) must stay acyclic."""
-    from hiremate.hierarchical import assign_backward
+    from hiremate.ir.blocks import assign_backward
 
     def ok(blocks: list[tuple[int, ...]]) -> bool:
         owner: dict[int, tuple] = {graph.loss: ("loss",)}

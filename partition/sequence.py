@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 
 from hiremate.errors import ConfigError
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 
 from .constants import DEFAULT_FRACTION, prologue
 from .dag import ForwardDag, forward_dag

@@ -23,7 +23,7 @@ How it is adapted to CD-graphs (forward + loss + backward):
   most, large ``level`` is autodiff. Every member of the family is replayed by the simulator
   and the fastest one within the budget wins.
 
-Frees follow from the compute sequence (:mod:`hiremate.solvers.remat_sequence`).
+Frees follow from the compute sequence (:mod:`hiremate.ir.sequence`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ import networkx as nx
 from networkx.algorithms.approximation import treewidth_min_degree, treewidth_min_fill_in
 
 from hiremate.errors import InfeasibleBudgetError
-from hiremate.graph import SOURCE_KINDS, Graph
-from hiremate.option import Option, pareto_front
-from hiremate.schedule import Schedule
-from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.solvers.hilp_menu import option_from_schedule
-from hiremate.solvers.remat_sequence import sequence_to_schedule
+from hiremate.ir.graph import SOURCE_KINDS, Graph
+from hiremate.ir.option import Option, pareto_front
+from hiremate.ir.schedule import Schedule
+from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.solvers.menu import option_from_schedule
+from hiremate.ir.sequence import sequence_to_schedule
 from hiremate.units import fmt_bytes
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Exhaustive searches over chain sequences, the independent truth for the chain DP tests.
 
-Dijkstra over the states of :func:`hiremate.solvers.chain.chain_step`: every valid sequence
+Dijkstra over the states of :func:`hiremate.solvers.chain.model.chain_step`: every valid sequence
 of ``F_ck``/``F_e``/``F_all``/``B`` operations (Definition 3.1 of the Rotor paper) is a path, its
 makespan the path length, and only operations that stay within the budget are edges.
 ``persistent=True`` keeps only memory persistent sequences (Definition 4.1): once ``F_ck(i)``
@@ -13,7 +13,7 @@ import heapq
 import itertools
 import math
 
-from hiremate.solvers.chain import (
+from hiremate.solvers.chain.model import (
     B, Chain, ChainOp, ChainStepError, F_all, F_ck, F_e, OpKind, chain_step, initial_state,
 )
 

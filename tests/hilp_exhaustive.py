@@ -12,7 +12,7 @@ import heapq
 import itertools
 import math
 
-from hiremate.graph import SOURCE_KINDS, Graph
+from hiremate.ir.graph import SOURCE_KINDS, Graph
 
 
 def exhaustive_optimum(graph: Graph, budget: int, save_budget: int | None = None,

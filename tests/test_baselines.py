@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hiremate.errors import InfeasibleBudgetError
-from hiremate.schedule import recomputations
-from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.synthetic import chain_graph, random_graph
-from hiremate.solvers.baselines import (
+from hiremate.ir.schedule import recomputations
+from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.testing.synthetic import chain_graph, random_graph
+from hiremate.solvers.chain.baselines import (
     Autodiff, CheckpointSequential, default_segments, segment_bounds, sequential_ops,
 )
-from hiremate.solvers.chain import graph_chain, simulate_chain
-from hiremate.solvers.rotor import RotorPersistent
+from hiremate.solvers.chain.model import graph_chain, simulate_chain
+from hiremate.solvers.chain.rotor import RotorPersistent
 
 
 def test_segment_bounds():

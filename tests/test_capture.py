@@ -16,7 +16,7 @@ from torch import nn
 import hiremate
 from hiremate.api import solve_graph
 from hiremate.errors import GraphCaptureError
-from hiremate.executor import RematModule
+from hiremate.runtime.executor import RematModule
 
 
 

@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 import hiremate
-from hiremate.budget import autodiff_peak, resolve_budget
+from hiremate.ir.budget import autodiff_peak, resolve_budget
 from hiremate.config import Config, load_config, preset_names
 from hiremate.errors import ConfigError
-from hiremate.synthetic import chain_graph
+from hiremate.testing.synthetic import chain_graph
 
 PRESETS = ["checkmate", "fastsa", "hilp", "hiremate", "noremat", "rockmate", "rotor", "twremat"]
 

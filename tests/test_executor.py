@@ -8,9 +8,9 @@ import torch
 
 import hiremate
 from hiremate.errors import InvalidGraphError, InvalidScheduleError
-from hiremate.executor import RematModule
-from hiremate.executor_codegen import generate
-from hiremate.schedule import Compute, recomputations
+from hiremate.runtime.executor import RematModule
+from hiremate.runtime.codegen import generate
+from hiremate.ir.schedule import Compute, recomputations
 from test_executor_util import compare, get_model, graph_of, schedules_of
 
 SCHEDULES = ["autodiff", "keep-none", "keep-half", "keep-third"]
@@ -78,7 +78,7 @@ def test_graph_value_names_never_reach_the_code() -> None:
     """A hostile value name is mapped to a generated identifier, not pasted into the text."""
     from dataclasses import replace
 
-    from hiremate.graph import Graph, Op, Ref
+    from hiremate.ir.graph import Graph, Op, Ref
 
     graph = graph_of("mlp")
     evil = "x; import os #"
@@ -99,7 +99,7 @@ def test_graph_value_names_never_reach_the_code() -> None:
 
 
 def _rename(args, old, new):
-    from hiremate.graph import Ref
+    from hiremate.ir.graph import Ref
 
     if isinstance(args, Ref):
         return Ref(new) if args.name == old else args
@@ -111,7 +111,7 @@ def _rename(args, old, new):
 def test_unknown_op_target_is_refused() -> None:
     from dataclasses import replace
 
-    from hiremate.graph import Graph
+    from hiremate.ir.graph import Graph
 
     graph = graph_of("mlp")
     nodes = list(graph.nodes)
@@ -139,7 +139,7 @@ def test_skipped_buffer_update_is_added_back() -> None:
 def test_capture_device_is_replaced_by_the_device_in_use() -> None:
     """Device constants of the graph name the capture device; the code uses the device of
     the parameters at call time (here a graph that claims capture on cuda:1, run on CPU)."""
-    from hiremate.graph import Graph
+    from hiremate.ir.graph import Graph
 
     graph = graph_of("gpt2")
     payload = graph.to_dict()

@@ -12,8 +12,8 @@ import torch.utils._pytree as pytree
 
 import hiremate
 from hiremate.errors import HiremateError, InputMismatchError
-from hiremate.executor import BackwardTwiceError, DoubleBackwardError, RematModule
-from hiremate.measurement import _cpu_allocation_events, _cpu_profile
+from hiremate.runtime.executor import BackwardTwiceError, DoubleBackwardError, RematModule
+from hiremate.runtime.measurement import _cpu_allocation_events, _cpu_profile
 from test_executor_util import (
     assert_close, fresh_sample, get_model, graph_of, schedules_of, split)
 

@@ -23,7 +23,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, graph_text: str, out_dir: str) -> None:
     sys.path.insert(0, os.path.dirname(__file__))
     from hiremate import Graph, zoo
-    from hiremate.executor import RematModule
+    from hiremate.runtime.executor import RematModule
     from test_executor_schedules import recomputing_schedules
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import hiremate
-from hiremate.executor import RematModule
+from hiremate.runtime.executor import RematModule
 from test_executor_util import get_model, graph_of, schedules_of, split
 
 MIB = 2 ** 20

@@ -11,8 +11,8 @@ import torch
 
 import hiremate
 from hiremate.errors import InvalidScheduleError
-from hiremate.executor import RematModule
-from hiremate.schedule import Compute, Delete, recomputations
+from hiremate.runtime.executor import RematModule
+from hiremate.ir.schedule import Compute, Delete, recomputations
 from test_executor_util import get_model, graph_of, run_step, schedules_of
 
 SCHEDULES = ["autodiff", "keep-none", "keep-half", "keep-third"]
@@ -146,8 +146,8 @@ def test_generator_state_released_after_the_last_replay() -> None:
             after = source[source.index(line):]
             assert f"_rng_replay(C, {k})" not in after, f"state {k} replayed after its release"
     # every call state the program saved into holds no generator state after the backward
-    import hiremate.executor_codegen as codegen
-    from hiremate.executor_rng import rng_save
+    import hiremate.runtime.codegen as codegen
+    from hiremate.runtime.rng import rng_save
 
     calls = []
 

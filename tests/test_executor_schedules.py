@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from hiremate import autodiff_schedule, simulate
-from hiremate.graph import SOURCE_KINDS, DataKind, Graph
-from hiremate.schedule import Compute, Delete, Schedule, recomputations
-from hiremate.synthetic import chain_graph, random_graph
+from hiremate.ir.graph import SOURCE_KINDS, DataKind, Graph
+from hiremate.ir.schedule import Compute, Delete, Schedule, recomputations
+from hiremate.testing.synthetic import chain_graph, random_graph
 
 
 def keep_schedule(graph: Graph, keep: Iterable[int] | Callable[[int], bool]) -> Schedule:

@@ -12,8 +12,8 @@ from torch import nn
 
 import hiremate
 from hiremate import zoo
-from hiremate.executor import RematModule
-from hiremate.measurement import loss_of
+from hiremate.runtime.executor import RematModule
+from hiremate.runtime.measurement import loss_of
 from test_executor_schedules import recomputing_schedules
 
 

@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 
 import hiremate
 from hiremate.errors import InfeasibleBudgetError
-from hiremate.schedule import Compute
-from hiremate.solvers import fastsa
-from hiremate.solvers.fastsa import (FASTSA_SOLVERS, FastSA, _needed_nodes, group_nodes,
+from hiremate.ir.schedule import Compute
+from hiremate.solvers.fastsa import solver as fastsa
+from hiremate.solvers.fastsa.solver import (FASTSA_SOLVERS, FastSA, _needed_nodes, group_nodes,
                                      primitive_table)
-from hiremate.solvers.fastsa_segtree import AddMaxSegmentTree
-from hiremate.solvers.fastsa_state import NOP, SlotState
-from hiremate.solvers.remat_sequence import sequence_to_schedule
-from hiremate.synthetic import chain_graph, random_graph
+from hiremate.testing.segtree import AddMaxSegmentTree
+from hiremate.solvers.fastsa.state import NOP, SlotState
+from hiremate.ir.sequence import sequence_to_schedule
+from hiremate.testing.synthetic import chain_graph, random_graph
 
 
 def autodiff_peak(g):

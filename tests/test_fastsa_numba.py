@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("numba")
 
 import hiremate  # noqa: E402
-from hiremate.solvers import fastsa_accel  # noqa: E402
-from hiremate.solvers.fastsa import FastSA, primitive_table  # noqa: E402
-from hiremate.synthetic import chain_graph, random_graph  # noqa: E402
+from hiremate.solvers.fastsa import accel as fastsa_accel  # noqa: E402
+from hiremate.solvers.fastsa.solver import FastSA, primitive_table  # noqa: E402
+from hiremate.testing.synthetic import chain_graph, random_graph  # noqa: E402
 
 
 def _run(graph, frac: float, accelerate: str, **kw):

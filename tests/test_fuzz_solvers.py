@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 import hiremate
 from hiremate.config import load_config
 from hiremate.errors import InfeasibleBudgetError, SolverError
-from hiremate.fuzzgraphs import HUGE, FuzzOp, FuzzSpec, graph_from_spec
-from hiremate.hierarchical import menu_budgets
+from hiremate.testing.fuzzgraphs import HUGE, FuzzOp, FuzzSpec, graph_from_spec
+from hiremate.composer.menus import menu_budgets
 from hiremate.registry import make_solver, solver_class, solver_names
-from hiremate.schedule import Compute
-from hiremate.solvers.hilp import memory_floor
-from hiremate.solvers.hilp_menu import option_from_schedule
+from hiremate.ir.schedule import Compute
+from hiremate.solvers.hilp.flat import memory_floor
+from hiremate.solvers.menu import option_from_schedule
 
 CI_EXAMPLES = int(os.environ.get("HIREMATE_FUZZ_EXAMPLES", "50"))
 SLOW_EXAMPLES = int(os.environ.get("HIREMATE_FUZZ_SLOW_EXAMPLES", "1000"))
@@ -303,7 +303,7 @@ def test_chain_dp_rounding_never_lets_a_byte_over_the_budget():
 def test_fastsa_meets_the_store_all_peak(seed, n_ops, chain):
     """At the store-all peak FastSA with few iterations ended its random walk on worse
     sequences and refused the budget; the graph's own order is now always a candidate."""
-    from hiremate.fuzzgraphs import random_fuzz_graph
+    from hiremate.testing.fuzzgraphs import random_fuzz_graph
 
     g = random_fuzz_graph(seed, n_ops, chain=chain, max_size=1000)
     peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
@@ -332,7 +332,7 @@ def test_hilp_timeout_on_an_infeasible_budget_is_not_a_bug():
     """With the fuzz's 0.5 s, HiGHS may run out of time before proving the budget infeasible
     (a SolverError saying so, accepted by ``check_flat``); with more time it proves it and
     H-ILP raises InfeasibleBudgetError, as the fuzz contract wants."""
-    from hiremate.solvers.hilp import HilpSolver
+    from hiremate.solvers.hilp.flat import HilpSolver
 
     g, budget = _no_schedule_case()
     assert memory_floor(g) <= budget < hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
@@ -346,8 +346,8 @@ def test_hilp_menu_skips_a_budget_that_times_out(monkeypatch):
     SolverError and lost the whole menu; it is now skipped like an infeasible budget."""
     import math
 
-    from hiremate.solvers import hilp
-    from hiremate.solvers.hilp_backends import MilpResult
+    from hiremate.solvers.hilp import flat as hilp
+    from hiremate.solvers.hilp.backends import MilpResult
 
     def timed_out(milp, backend, time_limit, *args, **kwargs):
         return MilpResult("unknown", None, math.inf, -math.inf, time_limit, backend)
@@ -386,7 +386,7 @@ def test_reordering_forward_ops_can_beat_memory_floor():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_ordered_floor_is_memory_floor_in_graph_order(seed):
-    from hiremate.fuzzgraphs import random_fuzz_graph
+    from hiremate.testing.fuzzgraphs import random_fuzz_graph
 
     g = random_fuzz_graph(seed, 6, max_size=1000)
     sched = hiremate.autodiff_schedule(g)

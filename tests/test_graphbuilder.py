@@ -8,7 +8,7 @@ import torch.nn as nn
 
 import hiremate
 from hiremate import DataKind, GraphCaptureError, NodeKind, autodiff_schedule, simulate
-from hiremate.graph import Graph
+from hiremate.ir.graph import Graph
 
 
 class Block(nn.Module):

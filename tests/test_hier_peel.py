@@ -13,15 +13,15 @@ import torch
 
 import hiremate
 from hiremate.errors import ConfigError, SolverError
-from hiremate.hierarchical import TopProblem, make_blocks
+from hiremate.ir.blocks import TopProblem, make_blocks
 from hiremate.partition import PeelPartition, SequencePartition, forward_dag, make_partitioner
 from hiremate.partition.hierarchy import hierarchy_from_levels
 from hiremate.partition.peel import peel_sinks
-from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.solvers.hilp import CheckmateSolver
-from hiremate.solvers.hilp_hier import top_graph
-from hiremate.solvers.hilp_hier_solver import HilpTop
-from hiremate.synthetic import DagOp, graph_from_dag, random_dag, random_graph
+from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.solvers.hilp.flat import CheckmateSolver
+from hiremate.solvers.hilp.hier import top_graph
+from hiremate.solvers.hilp.top import HilpTop
+from hiremate.testing.synthetic import DagOp, graph_from_dag, random_dag, random_graph
 from test_hilp_hier import problem_of
 
 

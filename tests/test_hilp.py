@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from hilp_exhaustive import exhaustive_optimum
 from hiremate.errors import InfeasibleBudgetError, SolverError
-from hiremate.schedule import Compute
-from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.solvers.hilp import (
+from hiremate.ir.schedule import Compute
+from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.solvers.hilp.flat import (
     HILP_SOLVERS, CheckmateSolver, HilpSolver, assignment, autodiff_phases, lower_bound,
     memory_floor, phases_from_schedule, phases_to_schedule,
 )
-from hiremate.solvers.hilp_model import build_model
-from hiremate.synthetic import chain_graph, random_graph
+from hiremate.solvers.hilp.model import build_model
+from hiremate.testing.synthetic import chain_graph, random_graph
 
 
 def _budget(graph, frac: float) -> int:

@@ -15,16 +15,17 @@ from hypothesis import strategies as st
 import hiremate
 from hiremate.api import solve_graph
 from hiremate.config import load_config
-from hiremate.hierarchical import TopProblem, make_blocks, store_all_option
-from hiremate.option import pareto_front
+from hiremate.ir.blocks import TopProblem, make_blocks
+from hiremate.composer.menus import store_all_option
+from hiremate.ir.option import pareto_front
 from hiremate.partition import HPartition, SequencePartition
-from hiremate.schedule import Compute, recomputations
-from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.solvers.hilp import HilpSolver
-from hiremate.solvers.hilp_hier import build_hier_model, checkpoint_options, top_graph
-from hiremate.solvers.hilp_hier_solver import HilpTop, store_all_objective
-from hiremate.solvers.hilp_menu import budget_grid, option_from_schedule
-from hiremate.synthetic import random_graph
+from hiremate.ir.schedule import Compute, recomputations
+from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.solvers.hilp.flat import HilpSolver
+from hiremate.solvers.hilp.hier import build_hier_model, checkpoint_options, top_graph
+from hiremate.solvers.hilp.top import HilpTop, store_all_objective
+from hiremate.solvers.menu import budget_grid, option_from_schedule
+from hiremate.testing.synthetic import random_graph
 from test_registry import residual_chain
 
 FAST = {"progress": False, "n_jobs": 1, "cache": False,
@@ -129,7 +130,7 @@ def test_only_options_whose_backward_needs_no_forward_of_their_own_stand_alone()
     """The checkpoint option keeps nothing but the outputs and recomputes what its backward
     reads: standalone. An option that keeps forward values for its backward is not; a
     single-node block's store-all option keeps only the block's output: standalone."""
-    from hiremate.solvers.hilp_hier import option_costs
+    from hiremate.solvers.hilp.hier import option_costs
 
     g = residual_chain(3)
     problem = problem_of(g, SequencePartition())
@@ -217,7 +218,7 @@ def test_hiremate_preset_keeps_the_faster_of_both_composers():
 def test_a_retry_that_times_out_keeps_the_earlier_schedules(monkeypatch):
     """When a retry's MILP finds nothing in its time limit, the candidates of the earlier tries
     are returned (the fault that made fno3d at 50% depend on the machine's load)."""
-    from hiremate.solvers import hilp_hier_solver as mod
+    from hiremate.solvers.hilp import top as mod
 
     g = residual_chain(6)
     problem = problem_of(g, SequencePartition(), menu="hilp")

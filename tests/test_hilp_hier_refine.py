@@ -1,4 +1,4 @@
-"""Context-aware menu refinement of the hierarchical H-ILP (``solvers/hilp_refine.py``).
+"""Context-aware menu refinement of the hierarchical H-ILP (``solvers/hilp/refine.py``).
 
 Truths used: the simulator (every candidate replayed on the full graph; the smallest slack of
 a schedule's top-level steps is the budget minus its simulated peak), the flat H-ILP's proven
@@ -13,12 +13,12 @@ import pytest
 
 from hiremate.errors import ConfigError
 from hiremate.partition import PeelPartition, SequencePartition
-from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.solvers.hilp import CheckmateSolver, HilpSolver
-from hiremate.solvers.hilp_hier import top_graph
-from hiremate.solvers.hilp_hier_solver import HilpTop
-from hiremate.solvers.hilp_menu import option_from_schedule
-from hiremate.solvers.hilp_refine import SOLVER_NAME, block_contexts, local_figures, step_slacks
+from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.solvers.hilp.flat import CheckmateSolver, HilpSolver
+from hiremate.solvers.hilp.hier import top_graph
+from hiremate.solvers.hilp.top import HilpTop
+from hiremate.solvers.menu import option_from_schedule
+from hiremate.solvers.hilp.refine import SOLVER_NAME, block_contexts, local_figures, step_slacks
 from test_hier_peel import u_shaped
 from test_hilp_hier import problem_of
 
@@ -99,7 +99,7 @@ def test_slacks_cover_the_schedule_and_meet_the_simulated_peak():
     ht = HilpTop(time_limit=10, refine_rounds=0)
     sol = ht.solve_at(problem, top, budget)
     assert sol.sim.valid and sol.sim.peak <= budget
-    from hiremate.solvers.remat_sequence import sequence_to_schedule
+    from hiremate.ir.sequence import sequence_to_schedule
 
     sched = sequence_to_schedule(g, sol.sequence)
     slack = step_slacks(problem, top, sol.steps, sched, budget)
@@ -124,7 +124,7 @@ def test_refinement_rounds_must_be_a_whole_number():
 def test_a_refinement_round_that_times_out_keeps_the_earlier_schedules(monkeypatch):
     """The refined top level finds nothing in its time limit: the first round's candidates
     are returned."""
-    from hiremate.solvers import hilp_hier_solver as mod
+    from hiremate.solvers.hilp import top as mod
 
     g = u_shaped(3)
     budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
@@ -161,8 +161,8 @@ def test_a_solution_carries_over_to_a_menu_with_more_options():
     the larger menus, satisfies every row and bound of that model and has the same objective."""
     from dataclasses import replace
 
-    from hiremate.hierarchical import TopProblem
-    from hiremate.solvers.hilp_hier import build_hier_model, carry_solution
+    from hiremate.ir.blocks import TopProblem
+    from hiremate.solvers.hilp.hier import build_hier_model, carry_solution
 
     g = u_shaped(3)
     budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
@@ -187,7 +187,7 @@ def test_a_solution_carries_over_to_a_higher_budget_with_the_same_memory_unit():
     """The warm start of a retry upwards: with one memory unit, a solution under a lower
     budget satisfies the model under a higher one; under a lower budget it is not offered."""
 
-    from hiremate.solvers.hilp_hier import build_hier_model, carry_solution
+    from hiremate.solvers.hilp.hier import build_hier_model, carry_solution
 
     g = u_shaped(3)
     budget = int(0.8 * simulate(g, autodiff_schedule(g)).peak)
@@ -206,7 +206,7 @@ def test_a_solution_carries_over_to_a_higher_budget_with_the_same_memory_unit():
 def test_retries_upwards_never_return_a_slower_schedule(monkeypatch):
     """Each retry at a higher abstract budget is warm-started from the fastest schedule that
     fitted, so even a try stopped at once by its time limit returns one at least as fast."""
-    from hiremate.solvers import hilp_hier_solver as mod
+    from hiremate.solvers.hilp import top as mod
 
     g = u_shaped(3)
     full = simulate(g, autodiff_schedule(g)).peak

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from hiremate.option import Option
-from hiremate.schedule import Compute
-from hiremate.simulator import simulate
-from hiremate.solvers.hilp import HilpSolver
-from hiremate.solvers.hilp_menu import (
+from hiremate.ir.option import Option
+from hiremate.ir.schedule import Compute
+from hiremate.ir.simulator import simulate
+from hiremate.solvers.hilp.flat import HilpSolver
+from hiremate.solvers.menu import (
     allocate, budget_grid, option_from_schedule, select_options, spread, step_memory,
 )
-from hiremate.synthetic import random_graph
+from hiremate.testing.synthetic import random_graph
 
 
 def test_menu_options_replay_within_their_budgets():

@@ -14,11 +14,11 @@ import torch
 import hiremate
 from hiremate import HRockmate
 from hiremate.api import solve_graph
-from hiremate.budget import resolve_budget
+from hiremate.ir.budget import resolve_budget
 from hiremate.config import load_config
 from hiremate.errors import ConfigError, GraphCaptureError, InputMismatchError
-from hiremate.executor import RematModule
-from hiremate.synthetic import random_graph
+from hiremate.runtime.executor import RematModule
+from hiremate.testing.synthetic import random_graph
 
 FAST = {"progress": False, "n_jobs": 1, "cache": False, "calibrate": 0,
         "solver_params": {"hilp": {"time_limit": 1.0}, "rk-rotor": {"slots": 100}}}
@@ -210,7 +210,7 @@ def test_unwritable_cache_directory_warns_and_solves(tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     g, cfg = _graph_and_cfg(cache_dir=str(blocker / "cache"))
-    with caplog.at_level(logging.WARNING, logger="hiremate.menu_cache"):
+    with caplog.at_level(logging.WARNING, logger="hiremate.composer.menu_cache"):
         result = solve_graph(g, 0.95, "hiremate", **cfg)
     assert "cannot write hiremate cache entry" in caplog.text
     sim = hiremate.simulate(g, result.schedule)
@@ -244,7 +244,7 @@ def test_missing_milp_backend_uses_the_next_one(monkeypatch, caplog):
     monkeypatch.setattr(builtins, "__import__", no_highspy)
     g = random_graph(1, 8)
     peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
-    from hiremate.solvers.hilp import HilpSolver
+    from hiremate.solvers.hilp.flat import HilpSolver
 
     with caplog.at_level(logging.WARNING):
         sched = HilpSolver(time_limit=5.0).schedule(g, int(0.9 * peak))
@@ -255,8 +255,8 @@ def test_missing_milp_backend_uses_the_next_one(monkeypatch, caplog):
 
 
 def test_ilp_timeout_without_incumbent_uses_the_next_solver(monkeypatch, caplog):
-    from hiremate.solvers import hilp
-    from hiremate.solvers.hilp_backends import MilpResult
+    from hiremate.solvers.hilp import flat as hilp
+    from hiremate.solvers.hilp.backends import MilpResult
 
     def timed_out(milp, backend, time_limit, *args, **kwargs):
         return MilpResult("unknown", None, math.inf, -math.inf, time_limit, backend)
@@ -264,7 +264,7 @@ def test_ilp_timeout_without_incumbent_uses_the_next_solver(monkeypatch, caplog)
     monkeypatch.setattr(hilp, "solve_milp", timed_out)
     g = random_graph(2, 10)
     params = {"hilp": {"time_limit": 0.1, "warm_start": False}}
-    with caplog.at_level(logging.WARNING, logger="hiremate.hierarchical"):
+    with caplog.at_level(logging.WARNING, logger="hiremate.composer.solve"):
         result = solve_graph(g, 1.0, "hiremate", **{**FAST, "solver_params": params})
     assert result.report["solver"] != "hilp"
     assert "found no schedule within 0.1s" in result.report["errors"]["flat:hilp"]

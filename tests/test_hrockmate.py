@@ -16,12 +16,14 @@ import hiremate
 from hiremate.api import solve_graph
 from hiremate.config import load_config
 from hiremate.errors import InfeasibleBudgetError
-from hiremate.graph import DataKind
-from hiremate.hierarchical import TopProblem, flatten, make_blocks, store_all_option
-from hiremate.menu_cache import MenuCache, graph_key
+from hiremate.ir.graph import DataKind
+from hiremate.ir.blocks import TopProblem, flatten, make_blocks
+from hiremate.composer.menus import store_all_option
+from hiremate.composer.menu_cache import MenuCache
+from hiremate.ir.graph import graph_key
 from hiremate.partition import HPartition, SequencePartition
-from hiremate.schedule import Compute, recomputations
-from hiremate.synthetic import random_graph
+from hiremate.ir.schedule import Compute, recomputations
+from hiremate.testing.synthetic import random_graph
 from test_partition import masked_layers, with_constants
 from test_registry import residual_chain
 
@@ -95,8 +97,8 @@ def test_rk_rotor_chain_model_bounds_the_simulated_peak(seed, n, n_const, p_soft
     partial gradients summed by tail nodes, model outputs of earlier blocks and their
     gradients), rk-Rotor's chain model still counts what the translated schedule holds: the
     DP's peak bounds the simulated peak, from the least budget to the store-all one."""
-    from hiremate.hierarchical import RkRotorTop
-    from hiremate.solvers.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
+    from hiremate.solvers.chain.rk_rotor_top import RkRotorTop
+    from hiremate.solvers.chain.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
 
     g, _ = with_constants(seed, n, n_const, 1.0, p_soft)
     blocks, tail = make_blocks(g, SequencePartition().partition(g))
@@ -232,7 +234,7 @@ def test_cache_key_depends_on_costs_and_solver_config(tmp_path):
     k3 = {"graph": graph_key(g2), **cfg.solver_key("hilp")}
     assert len({cache.path(k) for k in (k1, k2, k3)}) == 3
     # measured times are noise around what the op signature determines: not part of the key
-    from hiremate.graph import Graph
+    from hiremate.ir.graph import Graph
     from dataclasses import replace
     slower = Graph([replace(n, time=n.time * 1.1) for n in g.nodes], g.data, g.outputs)
     assert graph_key(slower) == graph_key(g) and graph_key(slower, times=True) != graph_key(g, times=True)

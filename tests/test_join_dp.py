@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from hiremate.solvers.join_dp import (
+from hiremate.solvers.chain.join_dp import (
     JoinCosts, join_sequence, min_slots, opt_join, opt_single, simulate_join,
 )
 

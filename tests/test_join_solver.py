@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hiremate.errors import InfeasibleBudgetError, SolverError
-from hiremate.graph import SOURCE_KINDS, DataKind, Graph
+from hiremate.ir.graph import SOURCE_KINDS, DataKind, Graph
 from hiremate.registry import make_solver, solver_names
-from hiremate.simulator import autodiff_schedule, simulate
-from hiremate.synthetic import DagOp, chain_graph, graph_from_dag, random_graph
-from hiremate.solvers.join_solver import JoinDP, graph_join
+from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.testing.synthetic import DagOp, chain_graph, graph_from_dag, random_graph
+from hiremate.solvers.chain.join import JoinDP, graph_join
 
 
 def join_graph(rng: random.Random, lengths: list[int], shared: bool = False,
@@ -207,8 +207,8 @@ def test_slot_rounding_never_lets_a_byte_over_the_budget():
     """Regression (slow fuzz): with TiB-sized values, slot rounding let a DP schedule peak one
     byte above the budget; the simulator check now falls back to the minimum-memory schedule."""
     from hiremate import simulate
-    from hiremate.fuzzgraphs import HUGE, FuzzOp, FuzzSpec, graph_from_spec
-    from hiremate.solvers.join_solver import JoinDP
+    from hiremate.testing.fuzzgraphs import HUGE, FuzzOp, FuzzSpec, graph_from_spec
+    from hiremate.solvers.chain.join import JoinDP
 
     spec = FuzzSpec([0], [False], [
         FuzzOp([(-1, 0)], [HUGE], 0.0, 0.0, True, False),

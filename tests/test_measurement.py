@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import hiremate
-from hiremate import measurement as M
+from hiremate.runtime import measurement as M
 from hiremate.errors import ConfigError, HiremateError
 
 KIB = 2**10

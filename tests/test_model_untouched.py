@@ -15,7 +15,7 @@ from torch import nn
 
 import hiremate
 from hiremate import HRockmate
-from hiremate.preserve import preserved
+from hiremate.runtime.preserve import preserved
 
 # hierarchical_above: the flat path alone (these graphs are small), so a build takes seconds
 FAST = {"progress": False, "n_jobs": 1, "cache": False, "hierarchical_above": 100.0,

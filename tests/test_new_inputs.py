@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from hiremate import HRockmate
-from hiremate.budget import autodiff_peak
+from hiremate.ir.budget import autodiff_peak
 from hiremate.config import load_config
 from hiremate.errors import ConfigError, InputMismatchError
 from test_model_untouched import CONV, FAST, ConvNet, assert_grads_match
@@ -90,7 +90,7 @@ def test_max_shapes_evicts_the_least_recently_used_and_bytes_stay_bytes(caplog):
     x3, x5, x6 = mlp_inputs(3, 5, 6)
     budget = 10**8  # bytes: the same number at every shape
     h = HRockmate(model, x3, budget, max_shapes=1, calibrate=0, **FAST)
-    with caplog.at_level(logging.INFO, logger="hiremate.executor"):
+    with caplog.at_level(logging.INFO, logger="hiremate.runtime.executor"):
         compare_with_eager(h, model, eager, x5, 1)
         compare_with_eager(h, model, eager, x5, 2)
         assert h.recaptures == 1

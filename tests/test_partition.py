@@ -15,17 +15,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hiremate.errors import ConfigError
-from hiremate.graph import DataKind, Graph
+from hiremate.ir.graph import DataKind, Graph
 from hiremate.partition import (
     PARTITIONERS, FlatPartition, HPartition, Hierarchy, Part, Partitioner, SequencePartition,
     draw_hierarchy, forward_dag, make_partitioner,
 )
-from hiremate.partition.gptlike import gpt_like_dag, gpt_like_dag_ops, layers_for
+from hiremate.testing.gptlike import gpt_like_dag, gpt_like_dag_ops, layers_for
 from hiremate.partition.hpartition import (
     _Cuts, _Scorer, ancestor_suffix, candidates, immediate_dominators, is_closed, linked_nodes,
 )
 from hiremate.partition.sequence import separators
-from hiremate.synthetic import DagOp, chain_graph, graph_from_dag, random_dag, random_graph
+from hiremate.testing.synthetic import DagOp, chain_graph, graph_from_dag, random_dag, random_graph
 
 
 # -- independent checks ------------------------------------------------------------------------
@@ -423,7 +423,7 @@ def test_a_different_node_breaks_identity():
 
 def test_schedule_translation():
     """Translating a schedule over the representative gives the member's own steps."""
-    from hiremate.schedule import Compute, Delete
+    from hiremate.ir.schedule import Compute, Delete
 
     graph = gpt_graph(12)
     h = HPartition(max_top=30, max_sub=15).partition(graph)
@@ -614,7 +614,7 @@ def test_zoo_gpt2_sequence_cuts_every_layer():
     final layer norm and head."""
     import hiremate
     from hiremate import zoo
-    from hiremate.hierarchical import make_blocks
+    from hiremate.ir.blocks import make_blocks
 
     model, sample = zoo.get("gpt2", layers=4, width=64)
     graph = hiremate.build_graph(model, sample, cost_model="flops")

@@ -12,7 +12,7 @@ import hiremate
 from hiremate import registry
 from hiremate.api import solve_graph
 from hiremate.errors import ConfigError
-from hiremate.synthetic import DagOp, graph_from_dag
+from hiremate.testing.synthetic import DagOp, graph_from_dag
 
 
 def residual_chain(n_blocks: int, size: int = 100):

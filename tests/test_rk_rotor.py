@@ -9,16 +9,16 @@ import random
 
 import pytest
 
-from hiremate.option import Option
-from hiremate.schedule import Compute
-from hiremate.simulator import simulate
-from hiremate.synthetic import chain_graph
-from hiremate.solvers.chain import Chain
-from hiremate.solvers.rk_rotor import (
+from hiremate.ir.option import Option
+from hiremate.ir.schedule import Compute
+from hiremate.ir.simulator import simulate
+from hiremate.testing.synthetic import chain_graph
+from hiremate.solvers.chain.model import Chain
+from hiremate.solvers.chain.rk_rotor import (
     Block, BlockChain, BlockOp, block_min_budget, block_step, chain_menu, initial_block_state,
     simulate_blocks, solve_blocks,
 )
-from hiremate.solvers.rotor import solve_persistent
+from hiremate.solvers.chain.rotor import solve_persistent
 
 
 def opt(ft, bt, fpk, bpk, ph):

@@ -15,13 +15,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from chain_exhaustive import exhaustive_chain  # noqa: E402
 
 from hiremate.errors import InfeasibleBudgetError, SolverError  # noqa: E402
-from hiremate.schedule import Compute  # noqa: E402
-from hiremate.simulator import autodiff_schedule, simulate  # noqa: E402
-from hiremate.synthetic import chain_graph, random_graph  # noqa: E402
-from hiremate.solvers.chain import (  # noqa: E402
+from hiremate.ir.schedule import Compute  # noqa: E402
+from hiremate.ir.simulator import autodiff_schedule, simulate  # noqa: E402
+from hiremate.testing.synthetic import chain_graph, random_graph  # noqa: E402
+from hiremate.solvers.chain.model import (  # noqa: E402
     Chain, graph_chain, ops_to_schedule, parse_ops, simulate_chain, store_all_ops,
 )
-from hiremate.solvers.rotor import (  # noqa: E402
+from hiremate.solvers.chain.rotor import (  # noqa: E402
     CHAIN_SOLVERS, Rotor, RotorPersistent, persistent_min_budget, solve_persistent, solve_weak,
 )
 

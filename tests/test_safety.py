@@ -17,8 +17,8 @@ import torch
 import hiremate
 from hiremate.config import Config, load_config
 from hiremate.errors import ConfigError, InvalidGraphError
-from hiremate.graph import DataNode, Graph, Op, Ref
-from hiremate.menu_cache import MenuCache
+from hiremate.ir.graph import DataNode, Graph, Op, Ref
+from hiremate.composer.menu_cache import MenuCache
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ["hiremate", "graphbuilder", "partition", "solvers"]
@@ -68,13 +68,13 @@ def test_eval_and_exec_only_in_the_executor_codegen_on_generated_text():
     """The one exec of the library runs code compiled from generated text (checked below);
     there is no eval at all."""
     found = [(p, c) for p, c, _ in _calls({"eval", "exec"})]
-    assert found == [("hiremate/executor_codegen.py", "exec")], found
+    assert found == [("hiremate/runtime/codegen.py", "exec")], found
     # exec's argument is the code object compiled from the emitter's ``src``
     [(_, _, node)] = [x for x in _calls({"exec"})]
     assert isinstance(node.args[0], ast.Name) and node.args[0].id == "code"
     compiles = [(p, ast.unparse(n.args[0])) for p, _, n in _calls({"compile"})
                 if p.startswith("hiremate/executor")]
-    assert compiles == [("hiremate/executor_codegen.py", "src")]
+    assert compiles == [("hiremate/runtime/codegen.py", "src")]
 
 
 class Small(torch.nn.Module):
@@ -117,7 +117,7 @@ def _run(module, x):
 
 
 def test_malicious_value_names_never_reach_generated_code(tmp_path):
-    from hiremate.executor import RematModule
+    from hiremate.runtime.executor import RematModule
 
     torch.manual_seed(0)
     model = Small().double()
@@ -145,7 +145,7 @@ def test_malicious_value_names_never_reach_generated_code(tmp_path):
 
 
 def test_keyword_names_and_op_targets_are_validated():
-    from hiremate.executor import RematModule
+    from hiremate.runtime.executor import RematModule
 
     model = Small().double()
     x = torch.randn(5, 4, dtype=torch.float64)

@@ -8,10 +8,11 @@ import hiremate
 from hiremate.api import solve_graph
 from hiremate.config import load_config
 from hiremate.errors import InfeasibleBudgetError
-from hiremate.menu_cache import MenuCache, graph_key
-from hiremate.schedule_pool import SchedulePool, peak_time_front, pool_key
-from hiremate.simulator import SimulationResult, autodiff_schedule
-from hiremate.synthetic import chain_graph, random_graph
+from hiremate.composer.menu_cache import MenuCache
+from hiremate.ir.graph import graph_key
+from hiremate.composer.pool import SchedulePool, peak_time_front, pool_key
+from hiremate.ir.simulator import SimulationResult, autodiff_schedule
+from hiremate.testing.synthetic import chain_graph, random_graph
 from test_registry import residual_chain
 
 FAST = {"progress": False, "n_jobs": 1,
@@ -65,7 +66,7 @@ def test_a_recorded_faster_schedule_is_returned(tmp_path):
     cfg = load_config("twremat", flat=["checkpoint-sequential"], cache=True,
                       cache_dir=str(tmp_path), **FAST)
     cache = MenuCache(tmp_path)
-    from hiremate.hierarchical import _runtime_free
+    from hiremate.composer.menus import _runtime_free
 
     config = _runtime_free(cfg)
     config.pop("reuse_schedules")

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hiremate import Compute, Delete, DataKind, InvalidScheduleError, autodiff_schedule, simulate
-from hiremate.synthetic import chain_graph, random_graph
+from hiremate.testing.synthetic import chain_graph, random_graph
 
 
 def test_chain_peak_and_time_by_hand():
@@ -21,7 +21,7 @@ def test_chain_peak_and_time_by_hand():
 
 
 def test_overhead_counts_while_the_node_runs():
-    from hiremate.synthetic import DagOp, graph_from_dag
+    from hiremate.testing.synthetic import DagOp, graph_from_dag
 
     g = graph_from_dag([DagOp([-1], 100, 1.0, overhead=1000)], [8])
     sim = simulate(g, autodiff_schedule(g))

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from hiremate import cli, measure, zoo
-from hiremate import sweep_methods, sweep_runner
+from hiremate.sweep import methods as sweep_methods, runner as sweep_runner
 from hiremate.errors import ConfigError
-from hiremate.sweep import replot, run_sweep
-from hiremate.sweep_plot import model_figure
-from hiremate.sweep_runner import grid
-from hiremate.sweep_spec import load_spec, parse_spec
+from hiremate.sweep.driver import replot, run_sweep
+from hiremate.sweep.plot import model_figure
+from hiremate.sweep.runner import grid
+from hiremate.sweep.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "sweeps" / "smoke.yaml"
@@ -246,7 +246,7 @@ def test_dask_local_cluster_gives_the_same_table(smoke, tmp_path):
 def test_equal_peak_comparison_picks_the_fastest_by_paired_ratio():
     """The peer cell at no higher peak is chosen by time relative to eager (paired in its
     cell), not by absolute time measured under another load."""
-    from hiremate.sweep_results import best_time_within
+    from hiremate.sweep.results import best_time_within
 
     def rec(budget, peak, rel, ms):
         return {"method": "compile", "status": "ok", "budget": budget, "measured_peak": peak,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from hiremate import measure, zoo
-from hiremate.sweep_methods import (
+from hiremate.sweep.methods import (
     CheckpointedBlock,
     NotApplicable,
     SequentialCheckpoint,
@@ -17,7 +17,7 @@ from hiremate.sweep_methods import (
     run_compile,
     wrap_blocks,
 )
-from hiremate.sweep_spec import parse_spec
+from hiremate.sweep.spec import parse_spec
 
 
 def _grads(model, sample):

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from hiremate.errors import ConfigError
-from hiremate.sweep_spec import (
+from hiremate.sweep.spec import (
     PEERS,
     Budget,
     import_factory,

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 import hiremate
 from hiremate.errors import InfeasibleBudgetError
-from hiremate.schedule import Compute
-from hiremate.solvers.hilp_menu import option_from_schedule
-from hiremate.solvers.remat_sequence import sequence_to_schedule
+from hiremate.ir.schedule import Compute
+from hiremate.solvers.menu import option_from_schedule
+from hiremate.ir.sequence import sequence_to_schedule
 from hiremate.solvers.twremat import TWREMAT_SOLVERS, TWRemat, build_hierarchy, forward_graph
-from hiremate.synthetic import chain_graph, random_graph
+from hiremate.testing.synthetic import chain_graph, random_graph
 
 
 def autodiff_peak(g):

@@ -1,0 +1,139 @@
+"""Menus: every applicable bottom solver gives each unique block a list of options, solved in
+parallel (joblib, or dask through its backend) and cached; the merged menu keeps the Pareto
+front, cut to ``n_options`` spread over the peaks. The store-everything option is always on the
+menu, so every block has one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from hiremate.ir.blocks import Block
+from hiremate.ir.graph import Graph, graph_key
+from hiremate.ir.option import Option, pareto_front
+from hiremate.ir.simulator import autodiff_schedule
+
+log = logging.getLogger(__name__)
+
+
+def menu_budgets(solver: Any, graph: Graph, n_peak: int, n_save: int) -> list:
+    from hiremate.solvers.menu import budget_grid
+
+    grid = budget_grid(graph, n_peak, n_save)
+    if getattr(solver, "menu_pairs", False):
+        return grid
+    return sorted({p for p, _ in grid})
+
+
+def solve_menu_task(graph: Graph, name: str, cls: type, params: dict, n_peak: int,
+                    n_save: int) -> tuple[list[Option], float, str]:
+    """One (block, solver) menu: options, seconds, and an error text ('' when fine). Runs in a
+    joblib worker, so it takes and returns picklable values; the solver's class travels with
+    the task (a worker process does not see classes registered at run time)."""
+    start = time.perf_counter()
+    try:
+        solver = cls(**params)
+        if not getattr(solver, "name", None):
+            solver.name = name
+        if not solver.applicable(graph):
+            return [], time.perf_counter() - start, "not applicable"
+        options = list(solver.menu(graph, menu_budgets(solver, graph, n_peak, n_save)))
+        options = [o if o.solver == name else _with_solver(o, name) for o in options]
+        return options, time.perf_counter() - start, ""
+    except Exception as exc:  # one solver failing on one block must not stop the others
+        return [], time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+
+
+def _with_solver(o: Option, name: str) -> Option:
+    from dataclasses import replace
+
+    return replace(o, solver=name)
+
+
+def store_all_option(graph: Graph) -> Option:
+    """The block's store-everything option (always on the menu, so every block has one)."""
+    from hiremate.solvers.menu import option_from_schedule
+
+    return option_from_schedule(graph, autodiff_schedule(graph), "autodiff")
+
+
+def select_menu(options: list[Option], n_options: int) -> list[Option]:
+    from hiremate.solvers.menu import spread
+
+    return spread(pareto_front(options), n_options)
+
+
+
+def _runtime_free(cfg: Any) -> dict:
+    """The part of a configuration that decides the result (not how it is computed)."""
+    d = cfg.to_dict()
+    for k in ("name", "description", "n_jobs", "backend", "cache", "cache_dir", "progress",
+              "calibrate", "on_new_inputs", "max_shapes"):
+        d.pop(k, None)
+    return d
+
+
+def _progress(cfg: Any, iterable, desc: str, total: int | None = None):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, disable=not cfg.progress, leave=False)
+
+
+def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
+    """Menus of the unique blocks with every applicable bottom solver (parallel, cached); fills
+    ``block.options`` and returns per-class facts for the report."""
+    from joblib import Parallel, delayed, parallel_config
+
+    unique: dict[str, Block] = {}
+    for b in blocks:
+        unique.setdefault(b.key, b)
+    tasks, results = [], {}
+    for key, blk in unique.items():
+        for name in cfg.bottom:
+            ckey = {"kind": "menu", "graph": graph_key(blk.graph), **cfg.solver_key(name)}
+            hit = cache.get(ckey)
+            if hit is not None:
+                results[(key, name)] = (hit[0], 0.0, hit[1], True)
+            else:
+                tasks.append((key, name, ckey))
+    if tasks:
+        from hiremate.registry import make_solver, solver_class
+
+        for n in cfg.bottom:  # bad parameters fail here, once, with a ConfigError
+            make_solver(n, cfg.solver_params.get(n, {}))
+        calls = (delayed(solve_menu_task)(unique[k].graph, n, solver_class(n),
+                                          cfg.solver_params.get(n, {}),
+                                          cfg.menu_peaks, cfg.menu_saves) for k, n, _ in tasks)
+        if cfg.n_jobs == 1 or len(tasks) == 1:
+            outs = [solve_menu_task(unique[k].graph, n, solver_class(n),
+                                    cfg.solver_params.get(n, {}), cfg.menu_peaks, cfg.menu_saves)
+                    for k, n, _ in _progress(cfg, tasks, "bottom level: menus")]
+        else:
+            # parallel_config also knows the external backends (dask: a distributed Client)
+            with parallel_config(backend=cfg.backend, n_jobs=cfg.n_jobs):
+                par = Parallel(return_as="generator")
+                outs = list(_progress(cfg, par(calls), "bottom level: menus", total=len(tasks)))
+        for (key, name, ckey), (opts, secs, err) in zip(tasks, outs):
+            results[(key, name)] = (opts, secs, err, False)
+            if err in ("", "not applicable"):
+                cache.put(ckey, (opts, err))
+    facts: dict[str, Any] = {}
+    for key, blk in unique.items():
+        merged: list[Option] = [store_all_option(blk.graph)]
+        per_solver = {}
+        for name in cfg.bottom:
+            opts, secs, err, hit = results[(key, name)]
+            merged.extend(opts)
+            per_solver[name] = {"options": len(opts), "seconds": round(secs, 3),
+                                "cached": hit, **({"error": err} if err else {})}
+            if err and err != "not applicable":
+                log.warning("solver %s failed on a block of %d nodes: %s", name,
+                            len(blk.graph.nodes), err)
+        chosen = select_menu(merged, cfg.n_options)
+        facts[key] = {"nodes": len(blk.graph.nodes), "solvers": per_solver,
+                      "menu": len(chosen), "options": chosen}
+    for b in blocks:
+        b.options = facts[b.key]["options"]
+    return facts

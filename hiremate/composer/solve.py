@@ -1,0 +1,263 @@
+"""The glue between partition, solvers and the full graph: blocks, menus, the top-level solve.
+
+What runs (honestly, as implemented):
+
+1. **Flat path** (graphs of at most ``flat_max_nodes`` compute nodes): every ``flat`` solver of
+   the configuration schedules the whole graph (H-ILP = rk-Checkmate with a time limit, TW-Remat,
+   FastSA, Rotor on chain-shaped graphs, autodiff).
+2. **Hierarchical path**: the partitioner's *top level* gives the blocks (each a top-level part,
+   a forward node or a subgraph, flattened to its original nodes). Every block becomes a CD-graph
+   of its own (:func:`extract`): its forward nodes, a loss node standing for the rest of the model
+   (it reads the block's outputs and produces the gradients that flow in), and its backward
+   nodes. Backward nodes without a forward partner join the block whose data they read (or stay
+   at the top level, run as soon as their inputs exist). Blocks with equal canonical graphs are
+   solved once; each ``bottom`` solver gives a menu, the menus are merged (Pareto front) and cut
+   to ``n_options`` (farthest peaks). A ``top`` composer (rk-Rotor, Rockmate appendix C) then
+   schedules the sequence of blocks with their menus: rk-Rotor (Rockmate appendix C: the
+   blocks as a chain) and/or the hierarchical H-ILP (``hilp-top``,
+   :mod:`hiremate.solvers.hilp.top`: a MILP over the blocks' forward and backward
+   nodes with options and phantoms, any dependency shape between blocks); every composer's
+   candidates are simulated and the fastest valid one within the budget wins.
+
+Translating back: a block operation becomes the compute steps of its option's forward or
+backward part (renamed to full-graph ids); the whole compute sequence gets its frees from
+:func:`hiremate.ir.sequence.sequence_to_schedule` (each value freed after its last
+read before it is produced again: for a fixed compute order, the least memory), which makes any
+such sequence valid. Its memory is then whatever :func:`hiremate.simulate` says: a composer's
+abstract model is only a guide, so each candidate is simulated on the full graph and kept only
+when within the budget (rk-Rotor is re-run at a lower abstract budget when the simulated peak
+overshoots).
+
+Values read beyond a chain of blocks (a constant such as an attention mask, which the sequence
+partitioner hoists into a first block and every layer's block reads as an input; a gradient
+that a tail node sums at the end) stay alive across the blocks in between. ``hilp-top`` models
+them exactly (they are data nodes of its top graph); rk-Rotor's chain model counts them over
+their span (:func:`long_lived`), so its abstract peak bounds the simulated one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hiremate.composer.menus import _progress, _runtime_free, solve_menus
+from hiremate.errors import InfeasibleBudgetError, SolverError
+from hiremate.ir.blocks import Candidate, TopProblem, make_blocks
+from hiremate.ir.graph import Graph, graph_key
+from hiremate.ir.schedule import Schedule
+from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
+from hiremate.units import fmt_bytes
+
+log = logging.getLogger(__name__)
+
+
+# -- flat path ------------------------------------------------------------------------------------
+def guaranteed_min(solver: Any, graph: Graph) -> int | None:
+    """A budget ``solver`` is known to meet on ``graph`` (None when unknown)."""
+    from hiremate.solvers.hilp.flat import HilpSolver, phases_to_schedule, recompute_phases
+
+    try:
+        if isinstance(solver, HilpSolver):
+            return simulate(graph, phases_to_schedule(graph, recompute_phases(graph))).peak
+        if hasattr(solver, "candidates"):  # TW-Remat: its family's lowest peak
+            return min(c.peak for c in solver.candidates(graph))
+        if hasattr(solver, "min_budget") and getattr(solver, "name", "") != "fastsa":
+            return int(solver.min_budget(graph))
+    except Exception as exc:
+        log.debug("min budget of %s: %s", getattr(solver, "name", solver), exc)
+    return None
+
+
+def flat_candidate(name: str, params: dict, graph: Graph, budget: int
+                   ) -> tuple[Candidate | None, int | None, str]:
+    """Run one flat solver: a candidate (or None), a budget it is known to meet, an error."""
+    from hiremate.registry import make_solver
+
+    solver = make_solver(name, params)
+    start = time.perf_counter()
+    if not solver.applicable(graph):
+        return None, None, "not applicable"
+    low = guaranteed_min(solver, graph)
+    try:
+        sched = tuple(solver.schedule(graph, budget))
+    except InfeasibleBudgetError as exc:
+        found = exc.min_budget if low is None else low
+        return None, found, str(exc)
+    except (SolverError, ValueError, RuntimeError) as exc:
+        log.warning("flat solver %s failed (%s: %s); the other configured solvers are used",
+                    name, type(exc).__name__, exc)
+        return None, low, f"{type(exc).__name__}: {exc}"
+    sim = simulate(graph, sched)
+    if not sim.valid or sim.peak > budget:
+        return None, low, (f"schedule rejected by the simulator: "
+                           f"{sim.error or fmt_bytes(sim.peak) + ' > budget'}")
+    return Candidate(sched, sim, name, {"seconds": time.perf_counter() - start}), low, ""
+
+
+# -- the whole solve ----------------------------------------------------------------------------------
+@dataclass
+class SolveResult:
+    schedule: Schedule
+    sim: SimulationResult
+    report: dict[str, Any]
+
+
+
+def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
+    """Schedule ``graph`` within ``budget`` bytes with configuration ``cfg`` (see module doc)."""
+    from hiremate.registry import make_partitioner, make_solver
+    from hiremate.ir.schedule import schedule_from_list, schedule_to_list
+
+    start = time.perf_counter()
+    gkey = graph_key(graph)
+    top_key = {"kind": "solve", "graph": gkey, "budget": int(budget), "config": _runtime_free(cfg)}
+    pool = _schedule_pool(graph, gkey, cfg, cache)
+    hit = cache.get(top_key)
+    if hit is not None:
+        sched = schedule_from_list(hit["schedule"])
+        sim = simulate(graph, sched)
+        if sim.valid and sim.peak <= budget:
+            report = dict(hit["report"], solve_time=time.perf_counter() - start, cached=True)
+            pooled = _pooled(pool, budget)
+            if pooled and min(c.sim.time for c in pooled) < sim.time:
+                best = min(pooled, key=lambda c: (c.sim.time, c.sim.peak))
+                sched, sim = best.schedule, best.sim
+                _describe_best(report, best, report.get("autodiff_peak"),
+                               report.get("autodiff_time"))
+            return SolveResult(sched, sim, report)
+        log.warning("cached schedule no longer fits; solving again")
+    ad = simulate(graph, autodiff_schedule(graph))
+    report: dict[str, Any] = {
+        "config": cfg.name, "budget": int(budget), "autodiff_peak": ad.peak,
+        "autodiff_time": ad.time, "compute_nodes": len(graph.nodes),
+        "data_nodes": len(graph.data), "forward_nodes": len(graph.fwd_nodes),
+    }
+    t0 = time.perf_counter()
+    hierarchy = make_partitioner(cfg.partitioner, cfg.partitioner_params).partition(graph)
+    report["partition_time"] = time.perf_counter() - t0
+    report["hierarchy"] = hierarchy.summary()
+    candidates: list[Candidate] = []
+    mins: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    flat_used = bool(cfg.flat) and len(graph.nodes) <= cfg.flat_max_nodes
+    if flat_used:
+        for name in _progress(cfg, cfg.flat, "flat level"):
+            t0 = time.perf_counter()
+            cand, low, err = flat_candidate(name, cfg.solver_params.get(name, {}), graph, budget)
+            log.info("flat %s: %s in %.2fs", name, "ok" if cand else err, time.perf_counter() - t0)
+            if cand is not None:
+                candidates.append(cand)
+            if low is not None:
+                mins[f"flat:{name}"] = low
+            if err:
+                errors[f"flat:{name}"] = err
+    slow_flat = bool(candidates) and ad.time > 0 and \
+        min(c.sim.time for c in candidates) > cfg.hierarchical_above * ad.time
+    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not candidates or slow_flat)
+    if hier_used:
+        blocks, tail = make_blocks(graph, hierarchy)
+        t0 = time.perf_counter()
+        facts = solve_menus(blocks, cfg, cache)
+        report["menu_time"] = time.perf_counter() - t0
+        report["blocks"] = len(blocks)
+        report["unique_blocks"] = len(facts)
+        report["largest_block"] = max(len(b.graph.nodes) for b in blocks)
+        report["tail_nodes"] = len(tail)
+        report["block_menus"] = [
+            {"nodes": f["nodes"], "menu": f["menu"], "solvers": f["solvers"],
+             "members": sum(1 for b in blocks if b.key == k)} for k, f in facts.items()]
+        problem = TopProblem(graph, blocks, tail)
+        for name in _progress(cfg, cfg.top, "top level"):
+            composer = make_solver(name, cfg.solver_params.get(name, {}))
+            try:
+                found, low = composer.compose(problem, budget)
+            except Exception as exc:  # report, and let another path win
+                errors[f"top:{name}"] = f"{type(exc).__name__}: {exc}"
+                log.warning("top-level %s failed: %s", name, exc)
+                continue
+            if low is not None:
+                mins[f"top:{name}"] = low
+            for c in found:
+                c.detail["blocks"] = _winners(problem, c)
+                c.detail.pop("ops", None)
+            candidates.extend(found)
+            if not found:
+                errors[f"top:{name}"] = "no sequence within the budget"
+    report["flat_path"] = flat_used
+    report["hierarchical_path"] = hier_used
+    if pool is not None:
+        pooled = _pooled(pool, budget)
+        report["pool"] = {"recorded": pool.record((c.schedule, c.sim, c.source)
+                                                  for c in candidates),
+                          "fitting": len(pooled)}
+        candidates.extend(pooled)
+    if not candidates:
+        report["errors"] = errors
+        solvers = [f"flat: {', '.join(cfg.flat)}" if flat_used else "",
+                   f"bottom: {', '.join(cfg.bottom)}, top: {', '.join(cfg.top)}" if hier_used else ""]
+        names = "; ".join(s for s in solvers if s)
+        if mins:
+            low = min(mins.values())
+            raise InfeasibleBudgetError(
+                f"budget {fmt_bytes(budget)} is below the {fmt_bytes(low)} ({low} bytes) that "
+                f"the configured solvers ({names}) need for this graph of {len(graph.nodes)} "
+                f"compute nodes (autodiff peak {fmt_bytes(ad.peak)}); raise the budget to at "
+                "least that, or configure a solver that recomputes more", min_budget=low)
+        raise SolverError(f"no configured solver ({names}) produced a schedule: {errors}")
+    best = min(candidates, key=lambda c: (c.sim.time, c.sim.peak))
+    _describe_best(report, best, ad.peak, ad.time)
+    fastest: dict[str, Candidate] = {}
+    for c in sorted(candidates, key=lambda c: -c.sim.time):
+        fastest[c.source] = c  # several pool entries may share a source: the fastest shown
+    report.update({
+        "candidates": {src: {"peak": c.sim.peak, "time": c.sim.time}
+                       for src, c in fastest.items()},
+        "min_budgets": mins, "errors": errors, "cached": False,
+    })
+    if "blocks" in best.detail:
+        report["block_solvers"] = best.detail["blocks"]
+    report["solve_time"] = time.perf_counter() - start
+    cache.put(top_key, {"schedule": schedule_to_list(best.schedule), "report": report})
+    return SolveResult(best.schedule, best.sim, report)
+
+
+def _schedule_pool(graph: Graph, gkey: str, cfg: Any, cache: Any) -> Any:
+    """The pool of schedules recorded for ``graph`` under ``cfg`` (None when not reused)."""
+    from hiremate.composer.pool import SchedulePool, pool_key
+
+    if not getattr(cfg, "reuse_schedules", False) or not cache.enabled:
+        return None
+    config = _runtime_free(cfg)
+    config.pop("reuse_schedules", None)
+    return SchedulePool(graph, cache, pool_key(gkey, config))
+
+
+def _pooled(pool: Any, budget: int) -> list[Candidate]:
+    if pool is None:
+        return []
+    return [Candidate(s, sim, src if src.startswith("pool:") else f"pool:{src}")
+            for s, sim, src in pool.fitting(budget)]
+
+
+def _describe_best(report: dict, best: Candidate, ad_peak: int | None,
+                   ad_time: float | None) -> None:
+    report.update({
+        "solver": best.source, "predicted_peak": best.sim.peak, "predicted_time": best.sim.time,
+        "relative_peak": best.sim.peak / ad_peak if ad_peak else 1.0,
+        "relative_time": best.sim.time / ad_time if ad_time else 1.0,
+    })
+    if best.source.startswith("pool:"):
+        report.pop("block_solvers", None)
+
+
+def _winners(problem: TopProblem, cand: Candidate) -> list[str]:
+    """For each block, the solver(s) whose options the chosen block sequence runs."""
+    if "block_solvers" in cand.detail:  # composers other than rk-Rotor say it themselves
+        return list(cand.detail["block_solvers"])
+    used: list[set[str]] = [set() for _ in problem.blocks]
+    for op in cand.detail.get("ops", ()):
+        if op.kind == "B":
+            used[op.block - 1].add(problem.blocks[op.block - 1].options[op.option].solver)
+    return ["+".join(sorted(u)) or "none" for u in used]

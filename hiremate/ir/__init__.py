@@ -1,0 +1,2 @@
+"""The intermediate representation every stage shares: CD-graphs, schedules, options, blocks,
+and the simulator that is the one memory model."""

@@ -1,0 +1,56 @@
+"""Compute sequences: the common output of the general-graph heuristics (TW-Remat, FastSA).
+
+Both heuristics decide only *which compute nodes run, in which order* (a node may appear several
+times: that is recomputation). Where to free memory then follows from the sequence alone: a
+value is freed right after its last use before it is produced again (FastSA's lifetime
+function ``L_S``). Keeping that rule in one place means both solvers, their tests and the
+simulator agree on memory: the schedule returned by :func:`sequence_to_schedule` is exactly what
+``hiremate.simulate`` replays. Menus cut such schedules into options with the shared
+``hiremate.solvers.menu.option_from_schedule``, so every solver's options mean the same.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hiremate.ir.graph import FINAL_KINDS, SOURCE_KINDS, Graph
+from hiremate.ir.schedule import Compute, Delete, Schedule
+
+
+def kept_data(graph: Graph) -> set[int]:
+    """Data a schedule may never free: model outputs and the gradients required at the end."""
+    return set(graph.outputs) | {d.id for d in graph.data if d.kind in FINAL_KINDS}
+
+
+def sequence_to_schedule(graph: Graph, sequence: Sequence[int]) -> Schedule:
+    """Turn a sequence of compute-node ids into a schedule with the frees it implies.
+
+    Each produced copy of a value is freed right after its last reader that runs before the
+    value is produced again (or right after its production when nothing reads that copy).
+    Sources are never freed; model outputs and final gradients are kept to the end.
+    Validity (inputs alive) is not checked here: ``hiremate.simulate`` does that.
+    """
+    nodes = graph.nodes
+    data = graph.data
+    keep = kept_data(graph)
+    skip = [d.kind in SOURCE_KINDS or d.id in keep for d in data]
+    # walk backwards: a value is freed after position i if i is its last use before the next
+    # production (seen later in the sequence), i.e. the first time we meet it going backwards
+    # since its last production.
+    frees_after: list[list[int]] = [[] for _ in sequence]
+    pending = [True] * len(data)  # True: no use of the current copy seen yet (going backwards)
+    for i in range(len(sequence) - 1, -1, -1):
+        node = nodes[sequence[i]]
+        for d in node.outputs:
+            if not skip[d] and pending[d]:
+                frees_after[i].append(d)  # a copy that nothing reads: free at once
+            pending[d] = True
+        for d in node.inputs:
+            if not skip[d] and pending[d]:
+                frees_after[i].append(d)
+                pending[d] = False
+    steps: list[Compute | Delete] = []
+    for i, nid in enumerate(sequence):
+        steps.append(Compute(nid))
+        steps.extend(Delete(d) for d in sorted(set(frees_after[i])))
+    return tuple(steps)

@@ -1,0 +1,413 @@
+"""The executor: a schedule run as an ``nn.Module`` that autograd treats like any other.
+
+One call is one application of a ``torch.autograd.Function`` (DESIGN.md, "Executor"): its
+forward runs the schedule up to the loss node and returns the model's outputs; its backward
+runs the rest of the schedule and returns the gradients of the inputs and of the parameters,
+so autograd accumulates ``.grad`` as usual, outputs can feed any further computation, and a
+module can be called several times before one ``backward`` (``papers/hiremate-hierarchical.txt``
+C.2.2). What a call keeps between its two phases (the values the schedule holds at the loss
+node and the RNG states) lives on the autograd context of that call, never on the module.
+
+Usage::
+
+    graph = hiremate.build_graph(model, sample)
+    module = RematModule(model, graph, hiremate.autodiff_schedule(graph))
+    loss = module(**sample).logits.sum()
+    loss.backward()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from hiremate.errors import HiremateError, InputMismatchError, InvalidScheduleError
+from hiremate.runtime.codegen import Program, generate, generate_inference, split_schedule
+from hiremate.runtime.io import InputChecker, derive_output_spec
+from hiremate.runtime.rng import CallState
+from hiremate.runtime.grad_reach import tangents_reaching
+from hiremate.ir.graph import Graph
+from hiremate.graphbuilder.encode import decode_arg
+from hiremate.ir.schedule import Compute, Schedule
+from hiremate.ir.simulator import SimulationResult, simulate
+
+log = logging.getLogger(__name__)
+
+
+class DoubleBackwardError(HiremateError):
+    """Backward through a RematModule was asked to build a graph (``create_graph=True``)."""
+
+
+class BackwardTwiceError(HiremateError):
+    """The backward of one RematModule call ran a second time (``retain_graph=True``)."""
+
+
+class RematModule(torch.nn.Module):
+    """Run ``schedule`` (a valid schedule of ``graph``, the CD-graph of ``model``) as a module.
+
+    ``model`` supplies the parameters and buffers (read at every call, so optimizers and
+    ``.to()`` work as usual); it is registered as the submodule ``model``. ``sample``
+    (optional) is an input the model accepts; when given, the output structure is derived at
+    construction instead of at the first call. ``on_mismatch`` says what to do when a call's
+    inputs differ from those the graph was built for: ``"raise"`` (an
+    :class:`InputMismatchError`), or a callable ``(args, kwargs, error) -> RematModule`` that
+    builds a module for the new inputs (it is kept and reused for inputs of that signature;
+    with ``max_others``, at most that many are kept, the least recently used evicted).
+    """
+
+    def __init__(self, model: torch.nn.Module, graph: Graph, schedule: Schedule, *,
+                 sample: Any = None,
+                 on_mismatch: str | Callable[[tuple, dict, InputMismatchError], "RematModule"]
+                 = "raise", max_others: int | None = None):
+        super().__init__()
+        if on_mismatch != "raise" and not callable(on_mismatch):
+            raise HiremateError(f"on_mismatch must be 'raise' or a callable, got {on_mismatch!r}")
+        if max_others is not None and (isinstance(max_others, bool) or
+                                       not isinstance(max_others, int) or max_others < 1):
+            raise HiremateError(f"max_others must be None or an integer >= 1, got {max_others!r}")
+        self.model = model
+        self._graph = graph
+        self._schedule = _complete(graph, tuple(schedule))
+        self._predicted = simulate(graph, self._schedule).raise_if_invalid()
+        _check_random_order(graph, self._schedule)
+        meta = graph.meta
+        self._param_names: list[str] = meta.get("param_names", [])
+        self._frozen_names: list[str] = meta.get("frozen_names", [])
+        self._buffer_names: list[str] = meta.get("buffer_names", [])
+        self._input_rg: list[bool] = meta.get("input_requires_grad", [])
+        self._tangent_for_output: list[int] = meta.get("tangent_for_output", [])
+        self._out_values: list[Any] = meta.get("output_values", [])
+        self._param_slots = self._slots(self._param_names, "param")
+        self._frozen_slots = self._slots(self._frozen_names, "param")
+        self._buffer_slots = self._slots(self._buffer_names, "buffer")
+        self._checker = InputChecker(graph)
+        self._out_spec: Any = None
+        self._programs: dict[torch.device, tuple[Program, Program]] = {}
+        self._inference: dict[torch.device, Program] = {}
+        self._on_mismatch = on_mismatch
+        self._others: OrderedDict[Any, RematModule] = OrderedDict()  # least recent first
+        self._max_others = max_others
+        # per returned gradient (parameters, then inputs), the tangents that reach it
+        self._grad_reach = tangents_reaching(graph)
+        # positions among the tensor outputs of those that carry a gradient (tangents)
+        tensor_pos = {}
+        for i, o in enumerate(self._out_values):
+            if isinstance(o, str):
+                tensor_pos[i] = len(tensor_pos)
+        self._tangent_pos = [tensor_pos[i] for i in self._tangent_for_output]
+        self._consts = {i: decode_arg(o["const"], {}) for i, o in enumerate(self._out_values)
+                        if not isinstance(o, str)}
+        self._n_params = len(self._param_names)
+        if sample is not None:
+            args, kwargs = _normalise(sample)
+            self._out_spec = derive_output_spec(model, args, kwargs, len(self._out_values))
+
+    # -- public facts ----------------------------------------------------------------------
+    @property
+    def graph(self) -> Graph:
+        return self._graph
+
+    @property
+    def schedule(self) -> Schedule:
+        return self._schedule
+
+    @property
+    def predicted(self) -> SimulationResult:
+        return self._predicted
+
+    @property
+    def variants(self) -> tuple["RematModule", ...]:
+        """The modules ``on_mismatch`` built for other inputs, least recently used first."""
+        return tuple(self._others.values())
+
+    def generated_source(self, device: torch.device | str = "cpu") -> tuple[str, str]:
+        """Text of the generated forward and backward programs (for reading and debugging)."""
+        fwd, bwd = self._get_programs(torch.device(device))
+        return fwd.source, bwd.source
+
+    # -- sources ---------------------------------------------------------------------------
+    def _slots(self, names: list[str], kind: str) -> list[tuple[dict, str]]:
+        """``(owner's _parameters or _buffers dict, attribute)`` of each name: a call reads
+        each tensor with one dict lookup (``get_parameter`` walks the module path, which
+        costs more than some ops), and still sees a parameter replaced after construction."""
+        slots = []
+        for name in names:
+            prefix, _, attr = name.rpartition(".")
+            owner = self.model.get_submodule(prefix)
+            table = owner._parameters if kind == "param" else owner._buffers
+            if table.get(attr) is None:
+                raise HiremateError(
+                    f"the model has no {'parameter' if kind == 'param' else 'buffer'} {name!r} "
+                    "that the graph names; build the graph from this model"
+                )
+            slots.append((table, attr))
+        return slots
+
+    def _lookup(self, slots: list[tuple[dict, str]]) -> list[torch.Tensor]:
+        return [table[attr] for table, attr in slots]
+
+    def _get_programs(self, device: torch.device) -> tuple[Program, Program]:
+        progs = self._programs.get(device)
+        if progs is None:
+            progs = generate(self._graph, self._schedule, device)
+            self._programs[device] = progs
+            log.debug("generated programs for %s on %s", self._graph, device)
+        return progs
+
+    def _get_inference(self, device: torch.device) -> Program:
+        prog = self._inference.get(device)
+        if prog is None:
+            prog = generate_inference(self._graph, device)
+            self._inference[device] = prog
+        return prog
+
+    # -- call --------------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        try:
+            inputs = self._checker.check(leaves, spec)
+        except InputMismatchError as err:
+            if self._on_mismatch == "raise":
+                raise
+            key = self._checker.signature(leaves, spec)
+            other = self._others.get(key)
+            if other is None:
+                other = self._on_mismatch(args, kwargs, err)
+                self._others[key] = other
+                while self._max_others is not None and len(self._others) > self._max_others:
+                    old_key, _ = self._others.popitem(last=False)
+                    log.info("evicted the module built for inputs %s (least recently used; "
+                             "at most %d kept)", old_key, self._max_others)
+            else:
+                self._others.move_to_end(key)
+            return other(*args, **kwargs)
+        if self._out_spec is None:
+            self._out_spec = derive_output_spec(self.model, args, kwargs, len(self._out_values))
+        params = self._lookup(self._param_slots)
+        frozen = self._lookup(self._frozen_slots)
+        buffers = self._lookup(self._buffer_slots)
+        device = params[0].device if params else (inputs[0].device if inputs else
+                                                   torch.device("cpu"))
+        for i, t in enumerate(inputs):
+            if t.device != device:
+                raise InputMismatchError(
+                    f"input {self._checker.paths[i]} is on {t.device} but the parameters are "
+                    f"on {device}; move the inputs to {device}"
+                )
+        training = torch.is_grad_enabled() and (
+            any(p.requires_grad for p in params) or any(t.requires_grad for t in inputs))
+        if training:
+            for i, (t, rg) in enumerate(zip(inputs, self._input_rg)):
+                if t.requires_grad and not rg:
+                    raise InputMismatchError(
+                        f"input {self._checker.paths[i]} requires grad, but the graph was "
+                        "built from a sample where it did not, so the schedule computes no "
+                        "gradient for it; rebuild the graph with a sample whose tensor has "
+                        "requires_grad=True, or pass the input detached"
+                    )
+            run = _Run(self, device, frozen, buffers)
+            outs = _RematFunction.apply(run, len(inputs), *inputs, *params)
+        else:
+            prog = self._get_inference(device)
+            call = CallState(_cuda_index(device))
+            outs, _ = prog.fn(call, None, inputs, params, frozen, buffers, ())
+        return self._rebuild(outs)
+
+    def _rebuild(self, outs: tuple[torch.Tensor, ...]) -> Any:
+        flat: list[Any] = []
+        it = iter(outs)
+        for i, o in enumerate(self._out_values):
+            flat.append(next(it) if isinstance(o, str) else self._consts[i])
+        return pytree.tree_unflatten(flat, self._out_spec)
+
+    def __getstate__(self) -> dict:
+        # generated functions do not pickle; they are made again on the first call
+        state = self.__dict__.copy()
+        state["_programs"], state["_inference"] = {}, {}
+        return state
+
+    def extra_repr(self) -> str:
+        return (f"graph={self._graph!r}, steps={len(self._schedule)}, "
+                f"predicted_peak={self._predicted.peak}")
+
+
+class _Run:
+    """What one call's autograd function needs from its module (kept on the context)."""
+
+    __slots__ = ("module", "device", "frozen", "buffers")
+
+    def __init__(self, module: RematModule, device: torch.device, frozen: list, buffers: list):
+        self.module = module
+        self.device = device
+        self.frozen = frozen
+        self.buffers = buffers
+
+
+class _RematFunction(torch.autograd.Function):
+    """One call of a RematModule: forward phase in ``forward``, the rest in ``backward``."""
+
+    @staticmethod
+    def forward(ctx: Any, run: _Run, n_inputs: int, *tensors: torch.Tensor):
+        module = run.module
+        inputs, params = list(tensors[:n_inputs]), list(tensors[n_inputs:])
+        fwd, _ = module._get_programs(run.device)
+        call = CallState(_cuda_index(run.device))
+        outs, saved = fwd.fn(call, None, inputs, params, run.frozen, run.buffers, ())
+        ctx.run = run
+        ctx.state = (call, [saved], inputs, params)
+        # tensors the caller can write in place before backward: inputs, parameters, and
+        # outputs that the backward reads (as eager autograd, such a write is an error)
+        watched = inputs + params + [o for o in outs if any(o is t for t in saved)]
+        ctx.versions = (watched, [t._version for t in watched])
+        ctx.set_materialize_grads(False)
+        ctx.out_meta = [(o.shape, o.dtype, o.stride()) for o in outs]
+        # the caller gets aliases, so that no returned tensor is referenced by the context
+        results = tuple(o.detach() for o in outs)
+        diff = set(module._tangent_pos)
+        nondiff = [r for i, r in enumerate(results) if i not in diff or not r.is_floating_point()]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return results
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor | None):
+        if torch.is_grad_enabled():
+            raise DoubleBackwardError(
+                "a RematModule does not support double backward (create_graph=True, or "
+                "torch.autograd.grad(..., create_graph=True)): its backward runs ATen "
+                "gradient ops that are not themselves differentiated; compute higher-order "
+                "gradients with the original model"
+            )
+        state = ctx.state
+        if state is None:
+            raise BackwardTwiceError(
+                "the backward of a RematModule call ran twice: the first one consumed the "
+                "values the call kept (retain_graph=True is not supported); call the module "
+                "again before a second backward"
+            )
+        ctx.state = None
+        call, box, inputs, params = state
+        watched, versions = ctx.versions
+        ctx.versions = None
+        for t, v in zip(watched, versions):
+            if t._version != v:
+                raise RuntimeError(
+                    f"a tensor of shape {tuple(t.shape)} that the backward of a RematModule "
+                    f"call needs (an input, a parameter or an output) was modified in place "
+                    f"after the call (version {t._version} instead of {v}); call the module "
+                    "again after the modification, or modify a copy"
+                )
+        run = ctx.run
+        module = run.module
+        _, bwd = module._get_programs(run.device)
+        tangents = _tangents(module._tangent_pos, ctx.out_meta, grad_outputs, run.device)
+        # tangents the loss reached (autograd gives None for outputs it did not use)
+        live = {k for k, pos in enumerate(module._tangent_pos) if grad_outputs[pos] is not None}
+        del grad_outputs
+        grads = bwd.fn(call, box, inputs, params, run.frozen, run.buffers, tangents)
+        del tangents
+        n_p = module._n_params
+        reach = module._grad_reach
+        param_grads = list(grads[:n_p])
+        input_grads: list[torch.Tensor | None] = [None] * len(inputs)
+        k = n_p
+        for i, rg in enumerate(module._input_rg):
+            if rg:
+                g = grads[k]
+                # None where no used output reaches the input, as eager autograd leaves it
+                input_grads[i] = g if ctx.needs_input_grad[2 + i] and reach[k] & live else None
+                k += 1
+        for j in range(n_p):
+            if not ctx.needs_input_grad[2 + len(inputs) + j] or not reach[j] & live:
+                param_grads[j] = None
+        return (None, None, *input_grads, *param_grads)
+
+
+def _tangents(positions: list[int], out_meta: list, grad_outputs: tuple,
+              device: torch.device) -> list[torch.Tensor]:
+    """The gradients of the differentiable outputs, laid out like the outputs (a helper, so
+    that no local variable keeps one alive once the backward program has freed it)."""
+    tangents = []
+    for pos in positions:
+        g = grad_outputs[pos]
+        shape, dtype, stride = out_meta[pos]
+        if g is None:
+            g = torch.zeros(shape, dtype=dtype, device=device)
+        elif g.stride() != stride or g.dtype != dtype:
+            # the traced backward ops assume the layout of the output (e.g. they view it);
+            # an expanded or transposed incoming gradient is made dense like it
+            dense = torch.empty_strided(shape, stride, dtype=dtype, device=g.device)
+            dense.copy_(g)
+            g = dense
+        tangents.append(g)
+    return tangents
+
+
+def _cuda_index(device: torch.device) -> int | None:
+    """Index of the CUDA generator to save and replay (None on other devices)."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _normalise(sample: Any) -> tuple[tuple, dict]:
+    from hiremate.graphbuilder.capture import normalise_sample
+
+    return normalise_sample(sample)
+
+
+def _complete(graph: Graph, schedule: Schedule) -> Schedule:
+    """Buffer writes that the schedule never computes (a node whose only effect is to write
+    a buffer, such as BatchNorm's ``num_batches_tracked += 1``) run just before the loss
+    node, so that every call updates every buffer once, as eager PyTorch does."""
+    computed = {s.node for s in schedule if isinstance(s, Compute)}
+    missing = [n for n in graph.nodes if n.is_fwd and n.mutates and n.id not in computed]
+    if not missing:
+        return schedule
+    cut = split_schedule(graph, schedule) - 1
+    extra = []
+    for n in missing:
+        if n.outputs or n.random or any(graph.data[d].producer is not None for d in n.inputs):
+            raise InvalidScheduleError(
+                f"the schedule never computes node {n.name!r}, which writes the buffers "
+                f"{', '.join(n.mutates)}: the buffers would not be updated; compute it once "
+                "in the forward phase"
+            )
+        extra.append(Compute(n.id))
+    log.debug("added %d buffer-writing nodes the schedule skipped", len(extra))
+    return schedule[:cut] + tuple(extra) + schedule[cut:]
+
+
+def _check_random_order(graph: Graph, schedule: Schedule) -> None:
+    """First executions of random nodes must follow the graph's order: each one then draws
+    the numbers eager PyTorch draws, and recomputations replay them."""
+    seen: set[int] = set()
+    last = -1
+    for i, step in enumerate(schedule):
+        if not isinstance(step, Compute) or step.node in seen:
+            continue
+        seen.add(step.node)
+        node = graph.nodes[step.node]
+        if node.random:
+            if node.id < last:
+                raise InvalidScheduleError(
+                    f"step {i} computes the random node {node.name!r} for the first time after "
+                    f"the later random node {graph.nodes[last].name!r}: random numbers would be "
+                    "drawn in another order than in the model; compute random nodes first in "
+                    "the graph's order", step=i,
+                )
+            last = node.id
+    skipped = [n.name for n in graph.nodes if n.random and n.is_fwd and n.id not in seen]
+    if skipped:
+        raise InvalidScheduleError(
+            f"the schedule never computes the random node(s) {', '.join(skipped[:3])}: the "
+            "random state after a call would differ from the model's; compute every random "
+            "forward node once"
+        )
+
+
+__all__ = ["BackwardTwiceError", "DoubleBackwardError", "RematModule"]

@@ -1,0 +1,199 @@
+"""Inputs and outputs of the executor: checking a call's inputs, and the output structure.
+
+The graph records every tensor input (its pytree key path, shape and dtype) but not the
+structure of the model's output (a tuple, a dict, a transformers ``ModelOutput``...), which is
+a Python object; :func:`derive_output_spec` recovers it once by running the model on fake
+tensors (nothing is computed, no random number is drawn, no buffer is written).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hiremate.errors import InputMismatchError, InvalidGraphError
+from hiremate.ir.graph import DataKind, Graph
+
+log = logging.getLogger(__name__)
+
+
+class InputChecker:
+    """Checks that a call's tensor inputs are those the graph was built for."""
+
+    def __init__(self, graph: Graph):
+        meta = graph.meta
+        self.paths: list[str] = list(meta.get("input_paths", []))
+        self.expected = [(tuple(d.shape), d.dtype) for d in graph.data if d.kind is DataKind.INPUT]
+        if len(self.expected) != len(self.paths):
+            raise InvalidGraphError(
+                f"the graph has {len(self.expected)} input data nodes but its meta names "
+                f"{len(self.paths)} input paths; rebuild the graph with hiremate.build_graph"
+            )
+        self._dtypes = [getattr(torch, dt, None) for _, dt in self.expected]
+        self._good_spec: Any = None
+        self._tensor_pos: list[int] = []
+        self.guards = [_RuntimeGuard(g) for g in meta.get("guards", [])]
+
+    def signature(self, leaves: list[Any], spec: Any) -> Any:
+        """A hashable key of the inputs' structure, shapes and dtypes, and of the values of the
+        graph's guards on them (where the structure lets them be computed)."""
+        shapes = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor)
+                       else type(t).__name__ for t in leaves)
+        values: tuple = ()
+        if self.guards:
+            tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+            try:
+                values = tuple(repr(g.evaluate(tensors)) for g in self.guards)
+            except Exception:  # noqa: BLE001 - inputs of another structure: no guard values
+                values = ("unguarded",)
+        return (str(spec), shapes, values)
+
+    def check(self, leaves: list[Any], spec: Any) -> list[torch.Tensor]:
+        """The tensor leaves in graph order; raise :class:`InputMismatchError` naming what
+        differs (structure, shape or dtype) otherwise."""
+        if spec != self._good_spec:
+            self._check_structure(leaves, spec)
+        tensors = [leaves[i] for i in self._tensor_pos]
+        for i, t in enumerate(tensors):
+            shape, dtype = self.expected[i]
+            if t.shape != shape or t.dtype != self._dtypes[i]:
+                what = []
+                if tuple(t.shape) != shape:
+                    what.append(f"shape {tuple(t.shape)} instead of {shape}")
+                if t.dtype != self._dtypes[i]:
+                    what.append(f"dtype {str(t.dtype).removeprefix('torch.')} instead of {dtype}")
+                raise InputMismatchError(
+                    f"input {self.paths[i]} has {' and '.join(what)}: the schedule was made "
+                    "for the sample's shapes and dtypes; HRockmate captures and solves again "
+                    "for new inputs unless configured with on_new_inputs='raise' (a "
+                    "RematModule does so given on_mismatch=callable)"
+                )
+        for guard in self.guards:
+            guard.check(tensors)
+        return tensors
+
+    def _check_structure(self, leaves: list[Any], spec: Any) -> None:
+        with_path, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(leaves, spec))
+        pos = [i for i, (_, v) in enumerate(with_path) if isinstance(v, torch.Tensor)]
+        paths = [pytree.keystr(with_path[i][0]) for i in pos]
+        if paths != self.paths:
+            missing = [p for p in self.paths if p not in paths]
+            extra = [p for p in paths if p not in self.paths]
+            detail = []
+            if missing:
+                detail.append(f"missing tensor input(s) {', '.join(missing)}")
+            if extra:
+                detail.append(f"unexpected tensor input(s) {', '.join(extra)}")
+            if not detail:
+                detail.append(f"tensor inputs in the order {paths} instead of {self.paths}")
+            raise InputMismatchError(
+                f"the call's inputs differ from the sample the graph was built for: "
+                f"{'; '.join(detail)} (paths are (args, kwargs) key paths); call the module "
+                "with the same arguments as the sample"
+            )
+        self._good_spec = spec
+        self._tensor_pos = pos
+
+
+def derive_output_spec(model: torch.nn.Module, args: tuple, kwargs: dict, n_leaves: int) -> Any:
+    """The pytree structure of ``model(*args, **kwargs)``, from a run on fake tensors (or, if
+    the model cannot run on fake tensors, a no-grad run whose RNG and buffer effects are
+    undone). The call is the one captured (:func:`~hiremate.graphbuilder.capture.training_call`)."""
+    from hiremate.graphbuilder.capture import plain_checkpoints, training_call
+
+    args, kwargs = training_call(model, args, kwargs)
+    with plain_checkpoints(type(model).__name__, announce=False):
+        try:
+            spec = _fake_spec(model, args, kwargs)
+        except Exception:  # noqa: BLE001 - any failure of fake tensors falls back to a real run
+            log.debug("fake-tensor run failed; deriving the output structure eagerly",
+                      exc_info=True)
+            spec = _real_spec(model, args, kwargs)
+    if spec.num_leaves != n_leaves:
+        raise InvalidGraphError(
+            f"the model returns {spec.num_leaves} output leaves but the graph has {n_leaves}; "
+            "the graph was built for another model or other inputs"
+        )
+    return spec
+
+
+def _fake_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    state = {**dict(model.named_parameters(remove_duplicate=False)),
+             **dict(model.named_buffers(remove_duplicate=False))}
+    # functional_call does not put back every tensor of a submodule registered under two
+    # names (checked, torch 2.13): restore them all, or fake tensors stay in the user's model
+    held = [(m, table, name, t) for m in model.modules()
+            for table in (m._parameters, m._buffers) for name, t in list(table.items())]
+    try:
+        with torch.no_grad():
+            fake_state = {k: mode.from_tensor(v) for k, v in state.items()}
+            fake_in = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+            with mode:
+                out = torch.func.functional_call(model, fake_state, fake_in[0], fake_in[1])
+    finally:
+        for m, table, name, t in held:
+            if table.get(name) is not t:
+                table[name] = t
+    return pytree.tree_structure(out)
+
+
+def _real_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            out = model(*args, **kwargs)
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+    return pytree.tree_structure(out)
+
+
+class _RuntimeGuard:
+    """A value the capture was specialised on (``graph.meta["guards"]``, made by
+    ``hiremate.graphbuilder.guards``), recomputed from a call's inputs."""
+
+    def __init__(self, data: dict[str, Any]):
+        from hiremate.ir.graph import op_from_dict
+
+        self.where: str = data["where"]
+        self.value: Any = data["value"]
+        self.inputs: dict[str, int] = dict(data["inputs"])
+        self.ops = [op_from_dict(o) for o in data["ops"]]
+        self.result: str = data["result"]
+        self.convert: str = data["convert"]
+        self._fns: list[Any] | None = None
+
+    def evaluate(self, tensors: list[torch.Tensor]) -> Any:
+        from hiremate.graphbuilder.encode import decode_arg
+        from hiremate.graphbuilder.opinfo import resolve_target
+
+        if self._fns is None:
+            self._fns = [resolve_target(op.target) for op in self.ops]
+        env: dict[str, Any] = {name: tensors[i] for name, i in self.inputs.items()}
+        with torch.no_grad():
+            for fn, op in zip(self._fns, self.ops):
+                env[op.out] = fn(*decode_arg(op.args, env),
+                                 **{k: decode_arg(v, env) for k, v in op.kwargs})
+            value = env[self.result]
+            if isinstance(value, torch.Tensor):
+                value = getattr(value, self.convert)()
+        return value
+
+    def check(self, tensors: list[torch.Tensor]) -> None:
+        value = self.evaluate(tensors)
+        if value != self.value:
+            raise InputMismatchError(
+                f"the model branches on a value computed from its inputs at {self.where}: it "
+                f"was {self.value!r} for the sample the schedule was captured on and is "
+                f"{value!r} for this call, so the captured program does not apply; capture "
+                "again with such inputs (HRockmate does this itself unless configured to "
+                "raise), or make the branch independent of the values (torch.where)"
+            )

@@ -1,0 +1,133 @@
+"""Solving a sweep's hiremate cells before measuring them: one graph per model, every budget.
+
+A cell that captures and solves on its own sees its own measured op times and only the
+schedules its own time-limited solvers find. Two budgets of one model could then get schedules
+whose peaks go the wrong way: a 0.7 budget's schedule that also fits 0.6 is faster than the one
+found at 0.6, yet at 0.6 nobody offers it.
+
+So before the measuring phase, each model's graph is captured once (and kept in
+``OUT/graphs/<model>.json``, so a resumed sweep uses the same one), and every hiremate preset
+solves every budget on it, largest budget first. Each solve records its candidates in the
+schedule pool (:mod:`hiremate.composer.pool`). The measuring cells then build their module on
+that same graph: their solve is a cache hit that also consults the now complete pool, and so
+returns the fastest known schedule within its budget. On one graph that choice gives peaks
+that only go down as the budget does.
+
+A cell's ``solve_time`` is the presolve's solving time plus its own (the cache hit and any
+calibration re-solves), and ``extra.presolve_time`` says how much was the presolve's. A budget
+that the presolve found infeasible is recorded as infeasible without solving it a second time.
+The pool lives in the solver cache; the sweep points that at ``OUT/cache`` unless the sweep
+file's ``hiremate_overrides`` name a ``cache_dir``, and presolving is skipped when they
+switch the cache off. Cells run on workers that cannot read ``OUT`` still get the graph (it
+travels with the work), but not the pool: they solve again on their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hiremate.errors import InfeasibleBudgetError
+from hiremate.ir.graph import Graph
+from hiremate.sweep.spec import PEERS, SweepSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Presolved:
+    """Graphs by model label (``Graph.to_dict`` form) and presolve outcomes by cell key."""
+
+    graphs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def is_hiremate_cell(cell: Any) -> bool:
+    return cell.method not in PEERS and cell.budget is not None
+
+
+def graph_path(out_dir: Path, label: str) -> Path:
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+    return out_dir / "graphs" / f"{safe}.json"
+
+
+def sweep_overrides(spec: SweepSpec, out_dir: Path) -> dict[str, Any]:
+    """The sweep's hiremate overrides, with the solver cache (and so the pool) under OUT."""
+    overrides = dict(spec.hiremate_overrides)
+    overrides.setdefault("cache_dir", str(out_dir / "cache"))
+    return overrides
+
+
+def _capture(cell: Any, spec: SweepSpec, path: Path) -> Graph:
+    from hiremate import build_graph
+    from hiremate.sweep.runner import _to_device, resolve_device
+
+    if path.is_file():
+        return Graph.load(path)
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
+    device = resolve_device(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, sample = cell.model.build(spec.torch_dtype())
+        graph = build_graph(model.to(device), _to_device(sample, device))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    graph.save(path)
+    return graph
+
+
+def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, Any]],
+             out_dir: Path, progress: bool = True) -> Presolved:
+    """Capture one graph per model of ``cells`` and solve its hiremate cells, largest budget
+    first (see the module docstring). Failures are left to the cells to report."""
+    from tqdm.auto import tqdm
+
+    from hiremate.api import solve_graph
+
+    out = Presolved()
+    overrides = sweep_overrides(spec, out_dir)
+    if overrides.get("cache") is False:
+        log.info("hiremate_overrides switch the cache off: cells solve on their own")
+        return out
+    by_model: dict[str, list[tuple[int, Any]]] = defaultdict(list)
+    for cell in cells:
+        ref = references.get(cell.model.label)
+        if not is_hiremate_cell(cell) or not ref or ref.get("status") != "ok":
+            continue
+        budget, _ = cell.budget.resolve(int(ref["measured_peak"]))
+        by_model[cell.model.label].append((budget, cell))
+    total = sum(len(v) for v in by_model.values())
+    bar = tqdm(total=total, desc="presolve", unit="solve", disable=not progress or not total)
+    try:
+        for label, jobs in by_model.items():
+            try:
+                graph = _capture(jobs[0][1], spec, graph_path(out_dir, label))
+            except Exception as exc:  # the cells capture again and record the failure
+                log.warning("presolve: capturing %s failed (%s); its cells solve alone", label, exc)
+                bar.update(len(jobs))
+                continue
+            out.graphs[label] = graph.to_dict()
+            for budget, cell in sorted(jobs, key=lambda j: (-j[0], j[1].method)):
+                t0 = time.perf_counter()
+                try:
+                    solve_graph(graph, budget, cell.method, **overrides)
+                    out.cells[cell.key] = {"status": "ok"}
+                except InfeasibleBudgetError as exc:
+                    out.cells[cell.key] = {"status": "infeasible", "message": str(exc),
+                                           "min_budget": exc.min_budget}
+                except Exception as exc:  # the cell solves again and records the error
+                    log.warning("presolve of %s failed: %s", cell.key, exc)
+                    out.cells[cell.key] = {"status": "error"}
+                out.cells[cell.key]["solve_time"] = time.perf_counter() - t0
+                bar.set_postfix_str(cell.key, refresh=False)
+                bar.update(1)
+    finally:
+        bar.close()
+    return out
+

@@ -1,0 +1,2 @@
+"""Chain solvers: the chain model, Rotor, rk-Rotor, the join-network DP and the sequential
+baselines."""

@@ -1,0 +1,1 @@
+"""FastSA: simulated annealing over compute sequences, with an optional numba kernel."""

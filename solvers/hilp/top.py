@@ -1,0 +1,253 @@
+"""``HilpTop``: the hierarchical H-ILP as a top-level composer over a sequence of blocks.
+
+Same role as :class:`hiremate.solvers.chain.rk_rotor_top.RkRotorTop`: given the blocks (with option menus)
+and a budget, return candidate schedules of the *full* graph, each simulated. The MILP's
+memory model (:mod:`hiremate.solvers.hilp.hier`) bounds the full graph's memory from above, but
+the simulator is the truth: the translated compute sequence gets its frees from
+:func:`~hiremate.ir.sequence.sequence_to_schedule` (eager, never later than the
+MILP's), and when its simulated peak leaves room below the budget, the MILP is solved again
+with a higher abstract budget (or a lower one when it overshoots), ``retries`` times at most.
+
+Then, ``refine_rounds`` times at most, the menus of the large blocks are refined for the
+context of the fastest schedule found (:mod:`hiremate.solvers.hilp.refine`: each block's H-ILP
+solved again at the memory the rest of that schedule leaves to it) and the top level is solved
+again with them, starting from the abstract budget that worked; the rounds stop as soon as one
+brings no new option or no faster schedule. Every candidate of every round is returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hiremate.errors import ConfigError, SolverError
+from hiremate.ir.graph import Graph
+from hiremate.ir.simulator import SimulationResult, simulate
+from hiremate.units import fmt_bytes
+
+from hiremate.solvers.hilp.backends import solve_milp
+from hiremate.solvers.hilp.hier import (
+    HierModel, TopGraph, build_hier_model, carry_solution, solution_sequence, top_graph,
+)
+
+if TYPE_CHECKING:
+    from hiremate.ir.blocks import Candidate, TopProblem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TopSolution:
+    """One solved top-level MILP, translated and simulated."""
+
+    abstract_budget: int
+    status: str
+    objective: float
+    bound: float
+    seconds: float
+    sequence: list[int]
+    steps: list
+    sim: SimulationResult | None
+    model: HierModel | None = None  # the MILP and its solution, to warm-start a later one
+    x: np.ndarray | None = None
+
+
+class HilpTop:
+    """Hierarchical H-ILP (``papers/hiremate-hierarchical.txt`` 3.2.2, appendix B) at the top
+    level: blocks are compute nodes with option menus, phantoms carry what a block's forward
+    keeps for its backward."""
+
+    name = "hilp-top"
+    composer = True
+
+    def __init__(self, time_limit: float = 30.0, mip_gap: float = 1e-4, retries: int = 4,
+                 backend: str = "highs", threads: int = 1, checkpoint: bool = True,
+                 refine_rounds: int = 1, refine_min: int = 8, refine_time: float = 20.0):
+        """``refine_rounds``: context-aware menu refinement rounds (0: off) for the blocks of
+        at least ``refine_min`` forward nodes, ``refine_time`` seconds per block H-ILP (none
+        is started after four times that in a round)."""
+        self.time_limit = float(time_limit)
+        self.mip_gap = float(mip_gap)
+        self.retries = int(retries)
+        self.backend = backend
+        self.threads = int(threads)
+        self.checkpoint = bool(checkpoint)
+        if int(refine_rounds) != refine_rounds or refine_rounds < 0:
+            raise ConfigError(f"hilp-top: refine_rounds={refine_rounds} must be a whole "
+                              "number >= 0 (0 turns the menu refinement off)")
+        self.refine_rounds = int(refine_rounds)
+        self.refine_min = int(refine_min)
+        self.refine_time = float(refine_time)
+
+    def applicable(self, graph: Graph) -> bool:
+        return True
+
+    def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int,
+                 start_from: TopSolution | None = None,
+                 mem_unit: float | None = None) -> TopSolution:
+        """Solve the MILP of ``top`` under ``abstract`` bytes; translate and simulate.
+        ``start_from``: a solution of a model of the same top graph, at most as many options
+        per block, the same ``mem_unit`` and a budget no higher, offered to the backend as a
+        starting point (it satisfies the new model, so a time-limited solve can only improve
+        on it). ``mem_unit``: the memory scale of the model (default: ``abstract``)."""
+        from hiremate.ir.sequence import sequence_to_schedule
+
+        start = time.perf_counter()
+        hm: HierModel = build_hier_model(top, abstract, mem_unit)
+        hint = None
+        if start_from is not None and start_from.model is not None:
+            hint = carry_solution(start_from.model, start_from.x, hm)
+        res = solve_milp(hm.milp, self.backend, self.time_limit, self.mip_gap, hint,
+                         threads=self.threads)
+        secs = time.perf_counter() - start
+        if not res.has_solution:
+            return TopSolution(abstract, res.status, math.inf, res.bound, secs, [], [], None)
+        seq, steps = solution_sequence(hm, res.x)
+        sim = simulate(problem.graph, sequence_to_schedule(problem.graph, seq))
+        log.info("hilp-top at %s: %s, objective %.6g, simulated %s in %.2fs (%s)",
+                 fmt_bytes(abstract), res.status, res.objective,
+                 fmt_bytes(sim.peak) if sim.valid else sim.error, secs, hm.stats)
+        return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim,
+                           hm, res.x)
+
+    def compose(self, problem: "TopProblem", budget: int) -> tuple[list["Candidate"], int | None]:
+        """Candidates within ``budget`` (simulated) and the lowest simulated peak reached."""
+        from hiremate.ir.blocks import Candidate
+        from hiremate.ir.simulator import autodiff_schedule
+        from hiremate.solvers.hilp.refine import refine
+
+        found, lowest, kept = self._search(problem, budget, int(budget))
+        for r in range(self.refine_rounds):
+            if not kept:
+                break
+            best = min(kept, key=lambda c: c[0].sim.time)
+            cand, top, steps, sol = best
+            new_problem, facts = refine(problem, top, steps, cand.schedule, budget,
+                                        self.refine_min, self.refine_time,
+                                        4 * self.refine_time)
+            log.info("hilp-top refinement round %d: %s", r + 1, facts)
+            if new_problem is None:
+                break
+            try:
+                more, low, kept2 = self._search(new_problem, budget,
+                                                int(cand.detail["abstract_budget"]), sol)
+            except SolverError as exc:
+                if not getattr(exc, "timed_out", False):
+                    raise
+                log.warning("hilp-top refinement round %d stopped: %s", r + 1, exc)
+                break
+            found.extend(more)
+            if low is not None:
+                lowest = low if lowest is None else min(lowest, low)
+            if not kept2 or min(c[0].sim.time for c in kept2) >= cand.sim.time:
+                break
+            problem, kept = new_problem, kept2
+        # the store-everything schedule is always valid: a candidate whenever it fits (the MILP
+        # may miss it at the budget's edge, e.g. with huge sizes), and a budget that always works
+        store_all = autodiff_schedule(problem.graph)
+        sim_all = simulate(problem.graph, store_all)
+        if sim_all.peak <= budget and not found:
+            found.append(Candidate(store_all, sim_all, self.name, {"store_all": True}))
+        lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
+        return found, lowest
+
+    def _search(self, problem: "TopProblem", budget: int, abstract: int,
+                start_from: TopSolution | None = None
+                ) -> tuple[list["Candidate"], int | None, list[tuple]]:
+        """The MILP at ``abstract`` (warm-started from ``start_from`` when its abstract budget
+        is not higher), then at abstract budgets searched so that the simulated peak meets
+        ``budget`` (each warm-started from the fastest fitting try below it): the candidates
+        within it, the lowest simulated peak, and ``(candidate, top graph, top steps, top
+        solution)`` of each candidate (for the refinement)."""
+        from hiremate.ir.blocks import Candidate
+        from hiremate.ir.sequence import sequence_to_schedule
+
+        top = top_graph(problem, self.checkpoint)
+        found: list[Candidate] = []
+        kept: list[tuple] = []
+        lowest: int | None = None
+        ok: int | None = None       # highest abstract budget whose schedule fit
+        bad: int | None = None      # lowest abstract budget whose schedule did not
+        tried = []
+        sequences: set[tuple[int, ...]] = set()
+        # one memory scale for every try, so that a solution of a lower abstract budget is a
+        # solution of a higher one too: each retry upwards starts from the fastest schedule
+        # that fitted (a time-limited try then never returns a slower one)
+        unit = float(max(budget, 1))
+        warm_from = start_from
+        for _ in range(max(self.retries, 1)):
+            hint = (warm_from if warm_from is not None
+                    and warm_from.abstract_budget <= abstract else None)
+            sol = self.solve_at(problem, top, abstract, start_from=hint, mem_unit=unit)
+            tried.append((abstract, sol.status, sol.sim.peak if sol.sim else None))
+            if sol.sim is None:
+                if sol.status == "infeasible" or found:
+                    # a lower abstract budget is infeasible too, or a retry ran out of time:
+                    # keep the schedules the earlier tries found
+                    break
+                exc = SolverError(f"hilp-top found no solution within {self.time_limit:g}s "
+                                  f"({sol.status}); raise its time_limit")
+                exc.timed_out = True
+                raise exc
+            sim = sol.sim
+            if not sim.valid:
+                raise SolverError(f"hilp-top produced an invalid schedule (a bug): {sim.error}")
+            lowest = sim.peak if lowest is None else min(lowest, sim.peak)
+            seen = tuple(sol.sequence)
+            if sim.peak <= budget and seen in sequences:
+                break  # a higher abstract budget gave the same schedule: nothing to gain
+            sequences.add(seen)
+            if sim.peak <= budget:
+                sched = sequence_to_schedule(problem.graph, sol.sequence)
+                found.append(Candidate(sched, sim, self.name, {
+                    "abstract_budget": abstract, "objective": sol.objective,
+                    "bound": sol.bound, "status": sol.status, "seconds": sol.seconds,
+                    "block_solvers": block_solvers(top, sol.steps)}))
+                kept.append((found[-1], top, sol.steps, sol))
+                if (sol.model is not None and (warm_from is None or warm_from.sim is None
+                                               or sim.time < warm_from.sim.time)):
+                    warm_from = sol
+                ok = abstract
+                room = budget - sim.peak
+                if room <= 1e-3 * budget:
+                    break
+                nxt = abstract + room if bad is None else (ok + bad) // 2
+            else:
+                bad = abstract
+                over = sim.peak - budget
+                nxt = abstract - over if ok is None else (ok + bad) // 2
+            if nxt <= 0 or nxt == abstract or (ok is not None and bad is not None
+                                               and bad - ok <= 1e-3 * budget):
+                break
+            abstract = int(nxt)
+        log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
+                 len(top.graph.nodes), tried)
+        return found, lowest, kept
+
+
+def block_solvers(top: TopGraph, steps) -> list[str]:
+    """For each block, the solver(s) of the options its backward ran with."""
+    used: list[set[str]] = [set() for _ in top.costs]
+    for _, k, o in steps:
+        if top.kind[k] == "B":
+            used[top.block[k]].add(top.costs[top.block[k]][o].solver)
+    return ["+".join(sorted(u)) or "none" for u in used]
+
+
+def store_all_objective(top: TopGraph) -> float:
+    """Time of running every top node once with each block's first option (a test helper:
+    with one store-all option per block this is the full graph's total time)."""
+    total = 0.0
+    for k, kind in enumerate(top.kind):
+        if kind == "F":
+            total += top.costs[top.block[k]][0].fwd_time
+        elif kind == "B":
+            total += top.costs[top.block[k]][0].bwd_time
+        else:
+            total += top.graph.nodes[k].time
+    return float(np.float64(total))

@@ -1,0 +1,173 @@
+"""Option menus for a subgraph, and the choice of options for the level above.
+
+A subgraph's CD-graph has its own loss node, standing for the rest of the model. Solving it
+over a grid of ``(M_peak, M_save)`` budgets gives schedules; each splits at the loss step into
+a forward part (steps before it) and a backward part (steps after it), summarised as an
+:class:`~hiremate.ir.option.Option` (``papers/hiremate-hierarchical.txt`` B.1). Only the
+Pareto-optimal, distinct ones are kept.
+
+Option figures, relative to the interface (what the level above accounts for itself):
+``O`` = counted bytes of the subgraph's outputs (``graph.outputs``), ``G`` = of the loss node's
+outputs (gradients of the outputs), ``F`` = of the final values (input gradients).
+
+- ``phantom`` = memory held just before the loss step, minus ``O``;
+- ``fwd_peak`` = highest memory (``simulate``'s model, during or after a step) over the forward
+  part, minus ``O``; ``bwd_peak`` = the same over the backward part, minus ``O + G + F`` and
+  minus the phantom (which the level above holds while the backward runs); both clipped at 0;
+- profiles: memory after each step of the part, minus the same interface (not clipped).
+
+Option selection (section 3.2, "Schedule selection"): a total of ``N_o`` options is shared
+between the nodes in proportion to their number of basic operations, and each node keeps the
+options whose peaks are farthest apart: the highest peak, the lowest, the one nearest the
+middle, and so on (farthest-point order).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from hiremate.errors import InfeasibleBudgetError, SolverError
+from hiremate.ir.graph import Graph
+from hiremate.ir.option import Option, pareto_front
+from hiremate.ir.schedule import Compute, Schedule
+from hiremate.ir.simulator import autodiff_schedule, simulate
+
+log = logging.getLogger(__name__)
+
+
+def step_memory(graph: Graph, schedule: Schedule) -> tuple[list[int], list[int]]:
+    """Per step: the highest memory while it runs, and the memory after it (simulator model)."""
+    counted = [d.size if d.counted else 0 for d in graph.data]
+    alive = [d.producer is None for d in graph.data]
+    mem = 0
+    during: list[int] = []
+    after: list[int] = []
+    for step in schedule:
+        if isinstance(step, Compute):
+            node = graph.nodes[step.node]
+            during.append(mem + sum(counted[d] for d in node.outputs) + node.overhead)
+            for d in node.outputs:
+                if not alive[d]:
+                    alive[d] = True
+                    mem += counted[d]
+        else:
+            alive[step.data] = False
+            mem -= counted[step.data]
+            during.append(mem)
+        after.append(mem)
+    return during, after
+
+
+def option_from_schedule(graph: Graph, schedule: Schedule, solver: str = "") -> Option:
+    """Split ``schedule`` at its loss step and summarise both parts (see module docstring)."""
+    sim = simulate(graph, schedule).raise_if_invalid()
+    cut = schedule.index(Compute(graph.loss))
+    fwd, bwd = schedule[:cut], schedule[cut + 1:]
+    counted = [d.size if d.counted else 0 for d in graph.data]
+    out_b = sum(counted[d] for d in set(graph.outputs))
+    grad_b = sum(counted[d] for d in graph.nodes[graph.loss].outputs)
+    final_b = sum(counted[d] for d in graph.final_data)
+    during, after = step_memory(graph, schedule)
+    assert max(during + after, default=0) == sim.peak
+    held = after[cut - 1] if cut else 0
+    phantom = max(held - out_b, 0)
+    fwd_peak = max(during[:cut] + after[:cut], default=0) - out_b
+    iface_b = out_b + grad_b + final_b
+    bwd_mem = during[cut + 1:] + after[cut + 1:]
+    bwd_peak = max(bwd_mem, default=0) - iface_b - phantom
+    times = [graph.nodes[s.node].time if isinstance(s, Compute) else 0.0 for s in schedule]
+    return Option(
+        fwd=fwd, bwd=bwd, fwd_time=sum(times[:cut]), bwd_time=sum(times[cut + 1:]),
+        fwd_peak=max(fwd_peak, 0), bwd_peak=max(bwd_peak, 0), phantom=phantom,
+        fwd_profile=tuple(a - out_b for a in after[:cut]),
+        bwd_profile=tuple(a - iface_b for a in after[cut + 1:]), solver=solver,
+    )
+
+
+def budget_grid(graph: Graph, n_peak: int = 4, n_save: int = 3) -> list[tuple[int, int]]:
+    """``n_peak x n_save`` budgets from the least memory any schedule needs up to what the
+    store-everything schedule uses (peak, and memory held before the loss)."""
+    from hiremate.solvers.hilp.flat import memory_floor
+
+    ad = autodiff_schedule(graph)
+    _, after = step_memory(graph, ad)
+    peak_hi = simulate(graph, ad).peak
+    cut = ad.index(Compute(graph.loss))
+    save_hi = after[cut - 1] if cut else 0
+    counted = [d.size if d.counted else 0 for d in graph.data]
+    save_lo = sum(counted[d] for d in set(graph.outputs))
+    peak_lo = memory_floor(graph)
+    peaks = np.unique(np.linspace(peak_lo, peak_hi, max(n_peak, 1)).round().astype(int))
+    saves = np.unique(np.linspace(save_lo, save_hi, max(n_save, 1)).round().astype(int))
+    return [(int(p), int(s)) for p in peaks for s in saves]
+
+
+def solve_menu(solver, graph: Graph, budgets: Iterable) -> list[Option]:
+    """Solve ``graph`` for each budget (an int peak, or a ``(peak, save)`` pair); return the
+    Pareto front of the options found. Infeasible budgets are skipped."""
+    budgets = list(budgets)
+    options: list[Option] = []
+    for b in budgets:
+        peak, save = (b, None) if isinstance(b, (int, np.integer)) else (int(b[0]), b[1])
+        try:
+            result = solver.solve(graph, int(peak), None if save is None else int(save))
+        except InfeasibleBudgetError:
+            log.debug("menu: budget (%s, %s) infeasible", peak, save)
+            continue
+        except SolverError as exc:
+            # a time-out on one budget leaves the menu without that option, like an infeasible
+            # budget, instead of losing the options of the other budgets; other errors are bugs
+            if not getattr(exc, "timed_out", False):
+                raise
+            log.warning("menu: budget (%s, %s) skipped: %s", peak, save, exc)
+            continue
+        options.append(option_from_schedule(graph, result.schedule, solver.name))
+    if not options:
+        raise InfeasibleBudgetError(
+            f"{solver.name}: none of the {len(budgets)} menu budgets is feasible; widen the "
+            "grid (budget_grid) or raise the budgets")
+    return pareto_front(options)
+
+
+def allocate(sizes: Sequence[int], n_total: int) -> list[int]:
+    """Options per node, proportional to ``sizes`` (basic operations), at least one each."""
+    if not sizes:
+        return []
+    if any(s <= 0 for s in sizes):
+        raise SolverError("option allocation needs positive node sizes (basic operations)")
+    total = sum(sizes)
+    share = [max(1, int(n_total * s / total)) for s in sizes]
+    # hand out what rounding left, largest remainders first
+    left = n_total - sum(share)
+    rema = sorted(range(len(sizes)), key=lambda i: -(n_total * sizes[i] / total - share[i]))
+    for i in rema[:max(left, 0)]:
+        share[i] += 1
+    return share
+
+
+def spread(options: Sequence[Option], k: int) -> list[Option]:
+    """At most ``k`` options whose peaks are farthest apart (highest, lowest, middle, ...)."""
+    if k >= len(options):
+        return list(options)
+    if k <= 0:
+        return []
+    peak = [max(o.fwd_peak, o.bwd_peak) for o in options]
+    order = sorted(range(len(options)), key=lambda i: (-peak[i], options[i].time))
+    chosen = [order[0]]
+    if k > 1:
+        chosen.append(min(range(len(options)), key=lambda i: (peak[i], options[i].time)))
+    while len(chosen) < k:
+        rest = [i for i in range(len(options)) if i not in chosen]
+        best = max(rest, key=lambda i: (min(abs(peak[i] - peak[c]) for c in chosen),
+                                        -options[i].time))
+        chosen.append(best)
+    return [options[i] for i in sorted(set(chosen), key=chosen.index)]
+
+
+def select_options(menus: Sequence[Sequence[Option]], sizes: Sequence[int],
+                   n_total: int) -> list[list[Option]]:
+    """Apply the ``N_o`` limit to the menus of the nodes of one graph (see module docstring)."""
+    return [spread(menu, k) for menu, k in zip(menus, allocate(sizes, n_total))]
