@@ -1,9 +1,12 @@
-"""Speed of the chain DPs (issue 6 acceptance figures).
+"""Speed of the chain DPs (the cases of docs/benchmarks.md, "Chain dynamic programs").
 
-- rk-Rotor: 200 blocks, 20 options each, 500 slots (target: at most 5 s);
-- Rotor's persistent DP: a 339-stage chain (ResNet-1001's length in the paper), 500 slots
-  (target: at most 20 s);
+- rk-Rotor: 200 blocks, 20 options each, 500 slots;
+- Rotor's persistent DP: a 339-stage chain (the length of the ResNet-1001 of "Optimal
+  checkpointing for heterogeneous chains: how to train deep neural networks with limited
+  memory", section 5.5), 500 slots;
 - for scale, the weakly persistent DP on a 20-stage chain.
+
+The printed targets are the acceptance bounds the table in docs/benchmarks.md is read against.
 
 Wall-clock and CPU (process) times are both printed: on a shared machine the wall time
 includes waiting for a core. Usage::

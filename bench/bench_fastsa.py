@@ -4,10 +4,11 @@
     python bench/bench_fastsa.py big       # FastSA on a graph of about 1,000 compute nodes
     python bench/bench_fastsa.py big --cold   # ... with the numba kernel compiled afresh
 
+    python bench/bench_fastsa.py compare --rev REV   # evaluation rate: revision REV vs working tree
+    python bench/bench_fastsa.py table     # predicted overhead at 30/50/70% of the autodiff peak
+
 ``--accelerate python`` times the pure-Python loop instead of the numba kernel (the default
 ``auto`` uses the kernel when numba is installed).
-    python bench/bench_fastsa.py compare --rev a820644   # evaluation rate: old vs working tree
-    python bench/bench_fastsa.py table     # predicted overhead at 30/50/70% of the autodiff peak
 
 ``overhead_table(graph, solvers)`` is the reusable piece: for each fraction of the autodiff
 peak it runs each solver and reports the predicted overhead (simulated time / autodiff time - 1)
@@ -110,30 +111,69 @@ def mutation_rate(graph: Graph, iters: int = 200_000, frac: float | None = None,
     return out
 
 
+#: modules that an older revision's FastSA imports under the names they had before the layout
+#: became subpackages, and where they are now
+MOVED_MODULES = {
+    "hiremate.graph": "hiremate.ir.graph",
+    "hiremate.option": "hiremate.ir.option",
+    "hiremate.schedule": "hiremate.ir.schedule",
+    "hiremate.simulator": "hiremate.ir.simulator",
+    "hiremate.solvers.remat_sequence": "hiremate.ir.sequence",
+    "hiremate.solvers.hilp_menu": "hiremate.solvers.menu",
+    "hiremate.solvers.fastsa_segtree": "hiremate.testing.segtree",
+    "hiremate.solvers.fastsa_accel": "hiremate.solvers.fastsa.accel",
+}
+
+#: where FastSA's state and solver modules lie in a revision: today's layout, then the old one
+LAYOUTS = (("solvers/fastsa/state.py", "solvers/fastsa/solver.py",
+            ("hiremate.solvers.fastsa.state",)),
+           ("solvers/fastsa_state.py", "solvers/fastsa.py", ("hiremate.solvers.fastsa_state",)))
+
+
+def _git_show(root: str, rev: str, path: str) -> str | None:
+    import subprocess
+
+    done = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True,
+                          text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
 def load_fastsa_at(rev: str):
-    """The ``FastSA`` class of git revision ``rev`` (its fastsa.py and fastsa_state.py,
-    loaded from ``git show`` under private module names), for before/after comparisons."""
+    """The ``FastSA`` class of git revision ``rev`` (its state and solver modules, loaded from
+    ``git show`` under private module names), for before/after comparisons. Revisions from
+    before the subpackage layout work too: the modules they import are renamed to where those
+    modules are now (:data:`MOVED_MODULES`)."""
     import importlib.util
+    import re
     import subprocess
     import sys
     import tempfile
 
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    tmp = tempfile.mkdtemp(prefix="fastsa_rev_")
     tag = rev.replace("/", "_")[:12]
-    for name in ("fastsa_state", "fastsa"):
-        text = subprocess.run(["git", "show", f"{rev}:solvers/{name}.py"], cwd=root,
-                              capture_output=True, text=True, check=True).stdout
-        text = text.replace("hiremate.solvers.fastsa.state", f"fastsa_state_{tag}")
-        path = f"{tmp}/{name}_{tag}.py"
+    for state_path, solver_path, state_names in LAYOUTS:
+        texts = {"state": _git_show(root, rev, state_path),
+                 "solver": _git_show(root, rev, solver_path)}
+        if None not in texts.values():
+            break
+    else:
+        raise SystemExit(f"revision {rev!r} has no FastSA in either layout")
+    renames = dict(MOVED_MODULES)
+    renames.update({name: f"fastsa_state_{tag}" for name in state_names})
+    names = "|".join(re.escape(k) for k in sorted(renames, key=len, reverse=True))
+    pattern = re.compile(r"\b(" + names + r")(?![\w.])")
+    tmp = tempfile.mkdtemp(prefix="fastsa_rev_")
+    for kind in ("state", "solver"):
+        name = f"fastsa_{kind}_{tag}"
+        path = f"{tmp}/{name}.py"
         with open(path, "w") as fh:
-            fh.write(text)
-        spec = importlib.util.spec_from_file_location(f"{name}_{tag}", path)
+            fh.write(pattern.sub(lambda m: renames[m.group(1)], texts[kind]))
+        spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
-        sys.modules[f"{name}_{tag}"] = mod
+        sys.modules[name] = mod
         spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return sys.modules[f"fastsa_{tag}"].FastSA
+    return sys.modules[f"fastsa_solver_{tag}"].FastSA
 
 
 def compare_rates(graph: Graph, rev: str, iters: int = 200_000, rounds: int = 2) -> list[dict]:
@@ -177,7 +217,8 @@ def big_graph_solve(n_fwd: int = 500, frac: float = 0.5, accelerate: str = "auto
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["rate", "big", "table", "compare"])
-    parser.add_argument("--rev", default="a820644", help="compare: the git revision to time")
+    parser.add_argument("--rev", default=None,
+                        help="compare: the git revision to time against the working tree")
     parser.add_argument("--n", type=int, default=None, help="forward ops of the random graph")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--fanin", type=int, default=3, help="max fan-in of the random DAG")
@@ -196,6 +237,8 @@ def main() -> None:
         print(mutation_rate(random_graph(0, args.n or 200), iters=args.iters, frac=args.frac,
                             accelerate=args.accelerate))
     elif args.what == "compare":
+        if args.rev is None:
+            parser.error("compare needs --rev (the git revision to time against)")
         for row in compare_rates(random_graph(0, args.n or 200), args.rev):
             print(row)
     elif args.what == "big":

@@ -1,4 +1,4 @@
-"""TW-Remat, FastSA, flat H-ILP and hierarchical H-ILP on the zoo graphs (issue 7).
+"""TW-Remat, FastSA, flat H-ILP and hierarchical H-ILP on the zoo graphs.
 
 For each zoo model (``cost_model="flops"``, so the graphs and hence the table are deterministic)
 and each budget (a fraction of the autodiff peak) it runs the four solvers and prints one markdown

@@ -1,4 +1,7 @@
-"""Hierarchical H-ILP against flat H-ILP (the paper's Table 2 comparison) on zoo models.
+"""Hierarchical H-ILP against flat H-ILP on zoo models.
+
+The comparison of Table 2 of "HiRemate: Hierarchical Approach for Efficient
+Re-materialization of Large Neural Networks"; results in docs/benchmarks.md.
 
 For each model and budget (a fraction of the autodiff peak): the flat H-ILP
 (``CheckmateSolver`` on the whole graph), the hierarchical H-ILP (sequence partition, H-ILP

@@ -1,4 +1,7 @@
-"""HRockmate end to end on the zoo: the paper's Table 3 columns, plus gradients and memory.
+"""HRockmate end to end on the zoo: the columns of Table 3, plus gradients and memory.
+
+Table 3 of "HiRemate: Hierarchical Approach for Efficient Re-materialization of Large Neural
+Networks"; results in docs/results.md.
 
 For each model (float64, CPU): capture, solve at a fraction of the autodiff peak with a preset,
 run one forward+backward with the executor and with eager PyTorch, compare every gradient, and

@@ -1,5 +1,5 @@
-"""The models table of issue 16: run the capture acceptance check (``tests/capture_check.py``) on
-every case of ``tests/capture_zoo.py`` (or the ones named) and write ``docs/models.md``.
+"""The models table: run the capture acceptance check (``tests/capture_check.py``) on every
+case of ``tests/capture_zoo.py`` (or the ones named) and write ``docs/models.md``.
 
     python bench/capture_models.py                       # every case, default preset
     python bench/capture_models.py gpt2 bert_mlm         # these rows only; the others are kept
@@ -86,7 +86,7 @@ def _result(row: dict) -> str:
 
 def render(rows: dict[str, dict], order: list[str], meta: dict) -> str:
     head = [
-        "# Models users bring: capture, solve, run (issue 16)",
+        "# Models users bring: capture, solve, run",
         "",
         "Each model (tiny sizes, float64, random weights, default configuration and call "
         "arguments; builders in `tests/capture_zoo.py`) is captured and solved at 0.5 of its "

@@ -1,10 +1,13 @@
-"""H-Partition on zoo graphs: HiRemate Table 3(b) columns, and unique subgraphs vs depth.
+"""H-Partition on zoo graphs: the columns of Table 3(b), and unique subgraphs vs depth.
+
+Table 3(b) of "HiRemate: Hierarchical Approach for Efficient Re-materialization of Large
+Neural Networks"; results in docs/graphs.md, "Hierarchy".
 
 Run: ``python bench/partition_zoo.py table`` (every zoo model at its default size) and
 ``python bench/partition_zoo.py depth --layers 12 24 48`` (gpt2 at several depths).
 Graphs use the analytic cost model (deterministic, and identical layers get identical costs).
-Building a graph dominates the run time (about 45 s for gpt2 with 48 layers on a loaded
-machine); ``--cache DIR`` saves each built graph there and reuses it on the next run.
+Building a graph dominates the run time (docs/graphs.md gives a figure for a deep gpt2);
+``--cache DIR`` saves each built graph there and reuses it on the next run.
 Prints a Markdown table (``--json``: one JSON object per line instead).
 """
 

@@ -1,10 +1,10 @@
 """Capture a model's forward and backward as one flat ATen graph (the *joint* graph).
 
-Paths, tried in order until one succeeds (DESIGN.md, "Capture"):
+Paths, tried in order until one succeeds (docs/design.md, "Capture"):
 
 1. ``make_fx``: ``make_fx`` (fake tensors) traces a function that runs the original module
-   functionally and calls ``torch.autograd.grad``; the fastest path (about half the time of
-   the next one on GPT2).
+   functionally and calls ``torch.autograd.grad``; the cheaper path, since nothing is exported
+   first.
 2. ``export``: ``torch.export.export(strict=False)`` first flattens the model into ATen (it
    copes with Python-level checks that fake tensors alone trip on), then the same joint tracing
    runs on the exported module.

@@ -1,6 +1,7 @@
 """Group the ops of a joint ATen graph into the compute nodes of a CD-graph.
 
-Rules (DESIGN.md and ``papers/rockmate.txt`` A):
+Rules (docs/design.md, "Capture"; the graph builder of "Rockmate: an Efficient, Fast,
+Automatic and Generic Tool for Re-materialization in PyTorch", appendix A):
 
 - every op that allocates storage starts a forward node (forward phase) or joins the backward
   node of the forward node it differentiates (backward phase, paired by ``seq_nr``);

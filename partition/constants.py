@@ -1,19 +1,17 @@
-"""Constant forward values: computed from nothing that needs a gradient, so they can run first.
+"""The prologue: constant forward values that the partitioners hoist before everything else.
 
 An attention mask or a tensor of position ids is computed from the inputs' shapes (or from
 inputs that need no gradient) and read by every layer. As an edge of the forward DAG such a
 value links the first layer with the last, so no node in between is a 1-separator and the
-sequence partitioner finds a single block for the whole stack. The papers already let user
-inputs and parameters bring no dependency (``papers/rockmate.txt`` C.1.3,
-``papers/hiremate-hierarchical.txt`` C.1.3): they are alive throughout and need no gradient.
-A value whose whole ancestry needs no gradient is the same kind of thing once computed, so the
+sequence partitioner finds a single block for the whole stack. User inputs and parameters
+already bring no dependency ("HiRemate: Hierarchical Approach for Efficient Re-materialization
+of Large Neural Networks", appendix C.1.3): they are alive throughout and need no gradient. A
+value whose whole ancestry needs no gradient is the same kind of thing once computed, so the
 partitioners may *hoist* it: its nodes run before everything else (a *prologue*), and the
 value is then an external input of the blocks that read it, kept alive by the top level.
 
-A node is constant when it reads no source that needs a gradient, every predecessor (memory or
-soft) is constant, it is not random (moving a random op would change the order in which the
-random generator is drawn, so the values would differ from eager) and it neither mutates a
-buffer nor reads a buffer that some node mutates (moving it could change what it reads).
+Which nodes are constant is decided on the CD-graph (:func:`hiremate.ir.constants.constant_nodes`,
+also in docs/design.md, "Constant values"); this module only chooses which of them to hoist.
 Constant nodes are closed under predecessors, so any set of them closed under predecessors can
 run first in a valid topological order.
 

@@ -138,7 +138,7 @@ class Hierarchy:
 
     # -- reports ----------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Facts for reports (the columns of the paper's Table 3b, and a few more)."""
+        """Facts for reports (the columns of Table 3(b) of the HiRemate paper, and a few more)."""
         inner = [s for s in self.subgraphs if s.id != self.root]
         per_level = [0] * (self.depth + 1)
         for s in inner:

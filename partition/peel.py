@@ -3,9 +3,9 @@
 Why: the level above a block can get the block's outputs back only by running the block's
 whole forward again (with one of its options). A flat schedule often does something much
 cheaper: it frees a large output early in the backward and recomputes it later from values
-kept inside the block, e.g. the concatenation that closes a U-Net level (measured on the zoo's
-``unet``: every flat H-ILP schedule at 60-80% of the autodiff peak frees the 128 KiB output of
-``cat_1`` and recomputes it). With the block's *sinks* (forward nodes that no other node of the
+kept inside the block, e.g. the concatenation that closes a U-Net level (the flat H-ILP
+schedules of the zoo's ``unet`` do exactly that: docs/benchmarks.md, "Hierarchical H-ILP
+against flat H-ILP"). With the block's *sinks* (forward nodes that no other node of the
 block reads) as top-level nodes of their own, the level above can do the same: free a sink's
 output and recompute it from the sink's inputs, which become the rest of the block's outputs.
 

@@ -4,9 +4,10 @@ A node s is a 1-separator when every edge leaving the nodes up to s (in topologi
 leaves from s itself: nothing computed before s is needed after it, except through s. Cutting
 after every separator gives a chain of blocks, each an interval of the topological order (so
 convex), linked by a single node's values; rk-Rotor's dynamic program then solves the chain.
-Soft dependencies count as edges; user inputs and parameters bring none (paper, C.1.3), which
-is what lets an encoder-decoder model be cut at all. Blocks may be arbitrarily large: this
-partitioner only finds the sequential structure there is.
+Soft dependencies count as edges; user inputs and parameters bring none ("HiRemate:
+Hierarchical Approach for Efficient Re-materialization of Large Neural Networks", appendix
+C.1.3), which is what lets an encoder-decoder model be cut at all. Blocks may be arbitrarily
+large: this partitioner only finds the sequential structure there is.
 
 Constant values (an attention mask or position ids, computed from nothing that needs a
 gradient, :mod:`.constants`) are read by every layer and would leave no separator between the
@@ -16,14 +17,12 @@ as inputs from the prologue, which the top level keeps alive (``const_fraction``
 size; 0 turns hoisting off).
 
 The chain after the prologue has at most ``max_blocks`` blocks (consecutive blocks joined,
-:func:`merge_chain`), for the reason H-Partition bounds its top graph (the paper's M^t): the
-top-level composers grow with the number of blocks (rk-Rotor's DP cubically, hilp-top's MILP
-quadratically), and per-block menus (H-ILP on each unique block) trade memory for time inside a
-block better than the composer does between tiny blocks. Measured on GPT-2 with 96 layers
-(width 64, measured costs, 50% of the autodiff peak, rk-Rotor over H-ILP and TW-Remat menus,
-one graph): 196 blocks of half a layer 1.38x the autodiff time; 98 of one layer 1.23x; 64-66 of
-about 1.5 layers 1.19x; 49 of two layers 1.20-1.21x; 40 of 2.5 layers 1.20x; the zoo's other
-chains have at most 20 blocks, which the default 64 leaves alone.
+:func:`merge_chain`), for the reason H-Partition bounds its top graph (M^t in the HiRemate
+paper): the top-level composers grow with the number of blocks (rk-Rotor's DP cubically,
+hilp-top's MILP quadratically), and per-block menus (H-ILP on each unique block) trade memory
+for time inside a block better than the composer does between tiny blocks. The default of 64
+was chosen on a deep GPT-2 (docs/benchmarks.md, "Sequence partition: length of the chain");
+the zoo's other chains are shorter and are left alone.
 """
 
 from __future__ import annotations

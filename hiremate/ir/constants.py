@@ -2,10 +2,11 @@
 
 An attention mask or a tensor of position ids is computed from the inputs' shapes (or from
 inputs that need no gradient), so it may run before everything else. User inputs and
-parameters already bring no dependency in the papers' models (Rockmate and H-Rockmate,
-appendix C.1.3); a value whose whole ancestry needs no gradient is the same kind of thing once
-computed. The partitioners hoist such values into a prologue (:mod:`hiremate.partition.constants`)
-and the block IR treats them like inputs (:func:`hiremate.ir.blocks.assign_backward`).
+parameters already bring no dependency ("HiRemate: Hierarchical Approach for Efficient
+Re-materialization of Large Neural Networks", appendix C.1.3); a value whose whole ancestry
+needs no gradient is the same kind of thing once computed (docs/design.md, "Constant values").
+The partitioners hoist such values into a prologue (:mod:`hiremate.partition.constants`) and
+the block IR treats them like inputs (:func:`hiremate.ir.blocks.assign_backward`).
 
 A node is constant when it reads no source that needs a gradient, every predecessor (memory or
 soft) is constant, it is not random (moving a random op would change the order in which the

@@ -62,12 +62,12 @@ def paired_time_ratio(fn: Any, twin: Any, sample: Any, spec: SweepSpec) -> dict[
     alternation: ``repeats`` rounds of one iteration of each; the ratio of the fastest round of
     each (the medians are kept too).
 
-    Why: on a shared machine the load changes between cells by a factor of two or more, so a
-    ratio against an eager time measured minutes earlier says more about the load than about
-    the method. Alternating within one cell puts both sides under the same load. Contention
-    only ever adds time (a stalled thread, a descheduled process), so the fastest of several
-    iterations is the least disturbed figure of each side; medians of 9 rounds still moved by
-    a factor of two between cells running the same schedule at load 3."""
+    Why: on a shared machine the load changes from one cell to the next, so a ratio against an
+    eager time measured minutes earlier says more about the load than about the method.
+    Alternating within one cell puts both sides under the same load. Contention only ever adds
+    time (a stalled thread, a descheduled process), so the fastest of several iterations is the
+    least disturbed figure of each side; medians, even paired, still moved a lot between cells
+    running the same schedule (docs/sweeps.md, "The sweep file")."""
     args, kwargs = split_sample(sample)
     one = dict(loss_fn=output_loss, repeats=1, warmup=0)
     measure(twin, *args, **one, **kwargs)  # warm the twin (allocator, first-call work)

@@ -146,8 +146,8 @@ class SweepSpec:
     backend: str = "loky"
     threads: int | None = None
     tolerance: float = 0.05
-    paired_timing: bool = True  # time eager in alternation with each method (sweep_methods)
-    presolve: bool = True  # one graph per model, all budgets solved first (sweep_presolve)
+    paired_timing: bool = True  # time eager in alternation with each method (see sweep.methods)
+    presolve: bool = True  # one graph per model, all budgets solved first (see sweep.presolve)
     hiremate_overrides: dict[str, Any] = field(
         default_factory=lambda: {"n_jobs": 1, "progress": False})
     compile_backend: str | None = None

@@ -1,14 +1,17 @@
-"""Range-add / global-max segment tree over time slots (FastSA, section 2.1.1).
+"""Range-add / global-max segment tree over time slots.
+
+The add-max segment tree of "A fast heuristic to optimize time-space tradeoff for large
+models" (FastSA), section 2.1.1.
 
 FastSA keeps the memory held at every time slot of its sequence. A mutation moves the ends of a
 few lifetime intervals, i.e. adds a value size to a few slot ranges; the objective needs the
 highest slot afterwards. This tree does each range add in ``O(log T)`` and reads the maximum
 at the root in ``O(1)``.
 
-Since issue 7 the annealer keeps the profile in a NumPy array instead (:mod:`fastsa_state`:
-in pure Python each range add here cost about 15 us, a NumPy slice addition about 1-2 us, and
-most mutations are now judged without applying anything); this tree stays as a tested
-reference implementation.
+The annealer keeps the profile in a NumPy array instead
+(:mod:`hiremate.solvers.fastsa.state`: in pure Python a range add here costs more than a NumPy
+slice addition, and most mutations are judged without applying anything; docs/benchmarks.md,
+"FastSA evaluation rate"); this tree stays as a tested reference implementation.
 
 Layout (iterative, no recursion, flat Python lists for speed): ``mx[i]`` is the maximum of the
 subtree of ``i`` *including* the additions pending at ``i`` (``tag[i]``), so

@@ -32,26 +32,25 @@ random state is untouched. No model uses dropout (probabilities are 0), so two f
 model agree exactly, as recomputation needs. Models are returned in training mode, so BatchNorm
 (``resnet``, ``regnet``) updates its running statistics. No activation is in place.
 
-Models, defaults, sizes (parameters; forward+backward of ``output_loss`` on CPU, best of 5, one
-thread, process CPU time, shared 2-core machine), forward ATen ops from
-``torch.export.export(strict=False)`` and joint forward+backward ops from ``make_fx`` of
-``autograd.grad`` over the exported module (torch 2.13, transformers 5.23):
+Models and their defaults (the parameter counts are those of the default sizes; how long one
+forward+backward takes and how many ATen ops each capture path sees are in docs/graphs.md,
+"The zoo at its default sizes"):
 
-=============  ======  =====  =====  =======  ========  ======  =====
-name           layers  width  batch  params   fwd+bwd   export  joint
-=============  ======  =====  =====  =======  ========  ======  =====
-mlp            3       64     8      11,082   1.4 ms    7       48
-gpt2           2       64     2      136,960  10 ms     149     380
-neox           2       64     2      165,632  11 ms     154     443
-vit            2       64     2      114,250  9 ms      94      399
-transformer    2       32     2      59,520   12 ms     212     813
-unet           2       8      2      27,394   16 ms     39      251
-resnet         1       8      2      130,002  22 ms     70      334
-regnet         1       16     2      70,218   22 ms     91      423
-mlpmixer       2       32     2      52,074   5 ms      30      209
-fno1d          4       16     4      18,097   8 ms      37      282
-fno3d          2       8      2      27,993   8 ms      65      475
-=============  ======  =====  =====  =======  ========  ======  =====
+=============  ======  =====  =====  =======
+name           layers  width  batch  params
+=============  ======  =====  =====  =======
+mlp            3       64     8      11,082
+gpt2           2       64     2      136,960
+neox           2       64     2      165,632
+vit            2       64     2      114,250
+transformer    2       32     2      59,520
+unet           2       8      2      27,394
+resnet         1       8      2      130,002
+regnet         1       16     2      70,218
+mlpmixer       2       32     2      52,074
+fno1d          4       16     4      18,097
+fno3d          2       8      2      27,993
+=============  ======  =====  =====  =======
 
 What each model is (and what its arguments scale):
 

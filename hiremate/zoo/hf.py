@@ -8,7 +8,7 @@ implementation: plain matmul/softmax ATen ops, which every capture path handles 
 memory the cost model can see (the fused SDPA kernels hide their workspace).
 
 ``transformers`` is imported only when one of these models is built, since the import alone
-takes seconds.
+is slow.
 """
 
 from __future__ import annotations

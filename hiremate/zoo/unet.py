@@ -11,13 +11,13 @@ rather than the original 3x3 convolution straight on the concatenation: on CPU, 
 (gradient checks) everywhere, PyTorch's 3x3 convolution materialises an im2col buffer of
 ``9 x in_channels x H x W`` values. In the original layout the top decoder convolution reads
 ``2 x width`` channels at full resolution, so that buffer, with the convolution's input and
-output, is about 60% of the autodiff peak *at any size* (measured with
-``hiremate.solvers.hilp.flat.memory_floor``: 66%, 62%, 60% for 2, 3, 4 levels; 66% with 64-pixel
-images; width and batch scale both sides alike). No schedule can then go below that, which
-makes the model a test of one convolution's scratch buffer rather than of the network's
-activations. With the merge, every 3x3 convolution reads at most ``width`` channels at full
-resolution and the largest single-node need is about 35% of the autodiff peak (2 levels,
-width 8), so that budgets from 50% down test scheduling.
+output, is most of the autodiff peak *at any size*: width, batch, image size and depth scale
+both sides alike (the measured floors are in docs/results.md, notes on "unet"). No schedule
+can then go below that, which makes the model a test of one convolution's scratch buffer
+rather than of the network's activations. With the merge, every 3x3 convolution reads at most
+``width`` channels at full resolution, so the largest single-node need is well below half the
+autodiff peak and budgets from 50% down test scheduling (``tests/test_zoo.py`` checks the
+floor).
 """
 
 from __future__ import annotations
