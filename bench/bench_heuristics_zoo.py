@@ -6,9 +6,9 @@ row: the predicted overhead (simulated time / autodiff time - 1) and the solve t
 Every schedule a solver returns is replayed by ``hiremate.simulate`` here, and the bench stops
 with an AssertionError if one is invalid or peaks above its budget.
 
-Cell states: ``12.3% (4.1 s)`` a schedule within the budget; ``12.3%, time limit (30 s)`` flat
+Cell states: ``P% (T s)`` a schedule within the budget; ``P%, time limit (T s)`` flat
 H-ILP returned a MILP solution without proving it optimal, ``, hint`` only its warm start;
-``infeasible (2.0 s)`` the solver raised InfeasibleBudgetError (a proof only for TW-Remat's
+``infeasible (T s)`` the solver raised InfeasibleBudgetError (a proof only for TW-Remat's
 family and the flat H-ILP's memory floor, not for FastSA or a time-limited MILP);
 ``no schedule`` a time limit ran out with nothing to return; ``-`` the graph is beyond the flat
 H-ILP's size limit (``--flat-max-nodes``). Solve times exclude the graph capture; the

@@ -1,6 +1,7 @@
 """Identical subgraphs: a canonical form per subgraph and a hash table.
 
-The recognition of identical graphs of "HiRemate: Hierarchical Approach for Efficient Re-materialization of Large Neural Networks", appendix C.1.1.
+The recognition of identical graphs of "HiRemate: Hierarchical Approach for Efficient
+Re-materialization of Large Neural Networks", appendix C.1.1.
 
 Two compute nodes are equivalent when they run the same code (``ComputeNode.signature``) on
 data of the same characteristics (kind, shape, dtype, size) with the same measured costs. A

@@ -6,10 +6,11 @@ greedy algorithm fast enough for 10^5 nodes, and lets benchmarks build the struc
 without a full :class:`hiremate.Graph`.
 
 Edges are the union of memory dependencies and soft (shape-only) dependencies: soft edges
-constrain the order, so they count for convexity (the HiRemate paper, "HiRemate: Hierarchical Approach for Efficient Re-materialization of Large Neural Networks",
-appendix C.1.2), but they carry no bytes. Values that no forward node produces (parameters,
-buffers, user inputs) bring no edge and no cost (same paper, appendix C.1.3): they stay alive
-throughout whatever the schedule does. Nodes computed only
+constrain the order, so they count for convexity ("HiRemate: Hierarchical Approach for
+Efficient Re-materialization of Large Neural Networks", appendix C.1.2), but they carry no
+bytes. Values that no forward node produces (parameters, buffers, user inputs) bring no edge
+and no cost (same paper, appendix C.1.3): they stay alive throughout whatever the schedule
+does. Nodes computed only
 from values that need no gradient (masks, position ids) are marked ``constant``: a partitioner
 may run them first and treat their values the same way (:mod:`.constants`).
 """

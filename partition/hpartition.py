@@ -1,6 +1,7 @@
 """H-Partition: the greedy recursive convex partitioning of HiRemate.
 
-The paper is "HiRemate: Hierarchical Approach for Efficient Re-materialization of Large Neural Networks": section 3.1 and appendix A (Algorithm 2, score eq. 1).
+The paper is "HiRemate: Hierarchical Approach for Efficient Re-materialization of Large Neural
+Networks": section 3.1 and appendix A (Algorithm 2, score eq. 1).
 
 One level of the algorithm, on the current graph G (nodes numbered topologically):
 

@@ -3,8 +3,9 @@
 Both heuristics decide only *which compute nodes run, in which order* (a node may appear several
 times: that is recomputation). Where to free memory then follows from the sequence alone: a
 value is freed right after its last use before it is produced again (the lifetime function
-``L_S`` of "A fast heuristic to optimize time-space tradeoff for large models", section 2.1). Keeping that rule in one place means both solvers, their tests and the
-simulator agree on memory: the schedule returned by :func:`sequence_to_schedule` is exactly what
+``L_S`` of "A fast heuristic to optimize time-space tradeoff for large models", section 2.1).
+Keeping that rule in one place means both solvers, their tests and the simulator agree on
+memory: the schedule returned by :func:`sequence_to_schedule` is exactly what
 ``hiremate.simulate`` replays. Menus cut such schedules into options with the shared
 ``hiremate.solvers.menu.option_from_schedule``, so every solver's options mean the same.
 """
