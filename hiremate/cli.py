@@ -44,7 +44,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for key, value in graph_summary(graph).items():
         print(f"  {key:38s} {value}")
     if args.partition:
-        from hiremate.partition import draw_hierarchy, make_partitioner
+        from hiremate.partition import draw_hierarchy
+        from hiremate.registry import make_partitioner
 
         hierarchy = make_partitioner(args.partitioner).partition(graph)
         print(f"hierarchy ({args.partitioner}):")

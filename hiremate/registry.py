@@ -3,16 +3,16 @@
 A solver is a class; ``register_solver("name")`` records it. What a solver must offer depends on
 the level where a configuration places it (``hiremate.config``):
 
-- ``flat``: ``applicable(graph) -> bool`` and ``schedule(graph, budget) -> Schedule``
-  (``min_budget(graph) -> int`` optional: the smallest budget it meets);
-- ``bottom``: ``applicable(graph)`` and ``menu(graph, budgets) -> list[Option]``; ``budgets``
-  are peaks (ints), or ``(peak, save)`` pairs when the class sets ``menu_pairs = True``;
-- ``top``: ``compose(blocks, budget)`` (see :mod:`hiremate.composer.solve`).
+- ``flat``: :class:`hiremate.solvers.protocols.FlatSolver` (``applicable``, ``schedule``);
+- ``bottom``: :class:`hiremate.solvers.protocols.MenuSolver` (``applicable``, ``menu``), or a
+  flat solver, whose menu is then one schedule per budget;
+- ``top``: :class:`hiremate.solvers.protocols.Composer` (``applicable``, ``compose``).
 
 Plugins register through the entry-point groups ``hiremate.solvers`` and
 ``hiremate.partitioners`` (the entry point's name is the registered name, its object the class),
-read once, the first time a name is looked up. Built-in solvers are registered here, without
-touching their modules, with thin adapters where a protocol method was missing.
+read once, the first time a name is looked up. Registering checks that the class plays at least
+one role; built-in solvers are registered here, as they are. This is the one registry: the
+partition package only lists its built-in classes.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _loaded: set[str] = set()
 def register_solver(name: str, cls: type | None = None) -> Callable[[type], type] | type:
     """Register a solver class under ``name`` (decorator, or call with the class)."""
     def deco(c: type) -> type:
+        _check_roles(name, c)
         _SOLVERS[name] = c
         if not getattr(c, "name", None):
             c.name = name
@@ -46,9 +47,22 @@ def register_solver(name: str, cls: type | None = None) -> Callable[[type], type
 def register_partitioner(name: str, cls: type | None = None) -> Callable[[type], type] | type:
     """Register a partitioner class (``partition(graph) -> Hierarchy``) under ``name``."""
     def deco(c: type) -> type:
+        if not callable(getattr(c, "partition", None)):
+            raise ConfigError(f"partitioner {name!r} ({c!r}) has no partition(graph) method; "
+                              "see hiremate.partition.Partitioner")
         _PARTITIONERS[name] = c
         return c
     return deco(cls) if cls is not None else deco
+
+
+def _check_roles(name: str, cls: type) -> None:
+    from hiremate.solvers.protocols import roles
+
+    if not isinstance(cls, type) or not roles(cls):
+        raise ConfigError(
+            f"solver {name!r} ({cls!r}) plays no role: a solver class needs applicable() and "
+            "schedule() (flat), menu() (bottom) or compose() (top); see "
+            "hiremate.solvers.protocols")
 
 
 def _entry_points(group: str) -> list[Any]:
@@ -127,55 +141,18 @@ def _builtins() -> None:
         return
     _builtins_done = True
     from hiremate.partition import PARTITIONERS
+    from hiremate.solvers.chain.join import JOIN_SOLVERS
+    from hiremate.solvers.chain.rk_rotor_top import RkRotorTop
+    from hiremate.solvers.chain.rotor import CHAIN_SOLVERS
     from hiremate.solvers.fastsa.solver import FASTSA_SOLVERS
     from hiremate.solvers.hilp.flat import HILP_SOLVERS
-    from hiremate.solvers.chain.rotor import CHAIN_SOLVERS
+    from hiremate.solvers.hilp.top import HilpTop
     from hiremate.solvers.twremat import TWREMAT_SOLVERS
 
     for name, cls in PARTITIONERS.items():
         _PARTITIONERS.setdefault(name, cls)
-    for name, cls in HILP_SOLVERS.items():
-        _SOLVERS.setdefault(name, _with_pairs(cls))
-    for table in (TWREMAT_SOLVERS, FASTSA_SOLVERS):
+    composers = {"rk-rotor": RkRotorTop, "hilp-top": HilpTop}
+    for table in (HILP_SOLVERS, TWREMAT_SOLVERS, FASTSA_SOLVERS, CHAIN_SOLVERS, JOIN_SOLVERS,
+                  composers):
         for name, cls in table.items():
             _SOLVERS.setdefault(name, cls)
-    for name, cls in CHAIN_SOLVERS.items():
-        _SOLVERS.setdefault(name, _with_menu(cls))
-    from hiremate.solvers.chain.join import JOIN_SOLVERS
-
-    for name, cls in JOIN_SOLVERS.items():
-        _SOLVERS.setdefault(name, _with_menu(cls))
-    from hiremate.solvers.chain.rk_rotor_top import RkRotorTop
-    from hiremate.solvers.hilp.top import HilpTop
-
-    _SOLVERS.setdefault("rk-rotor", RkRotorTop)
-    _SOLVERS.setdefault("hilp-top", HilpTop)
-
-
-def _with_pairs(cls: type) -> type:
-    """H-ILP menus take ``(peak, save)`` budget pairs."""
-    return type(cls.__name__, (cls,), {"menu_pairs": True, "__doc__": cls.__doc__,
-                                        "__module__": cls.__module__})
-
-
-def _with_menu(cls: type) -> type:
-    """Chain and baseline solvers gain a ``menu``: one option per budget they meet (autodiff's
-    single store-everything option; Rotor's sequences on a chain-shaped block)."""
-    def menu(self, graph, budgets):
-        from hiremate.errors import InfeasibleBudgetError
-        from hiremate.ir.option import pareto_front
-        from hiremate.solvers.menu import option_from_schedule
-
-        options = []
-        for b in sorted(set(int(x) for x in budgets)):
-            try:
-                options.append(option_from_schedule(graph, self.schedule(graph, b), self.name))
-            except InfeasibleBudgetError:
-                continue
-        if not options and hasattr(self, "min_budget"):
-            low = self.min_budget(graph)
-            options.append(option_from_schedule(graph, self.schedule(graph, low), self.name))
-        return pareto_front(options)
-
-    return type(cls.__name__, (cls,), {"menu": menu, "__doc__": cls.__doc__,
-                                        "__module__": cls.__module__})

@@ -1,14 +1,14 @@
 """Partitioners: turn the forward graph into a hierarchy of convex subgraphs.
 
 Every partitioner has ``partition(graph) -> Hierarchy`` (and ``partition_dag(dag)`` for a bare
-forward DAG). ``PARTITIONERS`` maps names to classes; build one with ``make_partitioner``.
+forward DAG). ``PARTITIONERS`` maps names to the built-in classes; the one registry,
+:mod:`hiremate.registry`, builds them by name (``make_partitioner``) and takes plugins.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from hiremate.errors import ConfigError
 from hiremate.ir.graph import Graph
 
 from .canonical import SubgraphClass, Translation
@@ -36,20 +36,6 @@ PARTITIONERS: dict[str, type] = {
     "flat": FlatPartition,
     "peel": PeelPartition,
 }
-
-
-def make_partitioner(name: str, **params: Any) -> Partitioner:
-    """Instantiate a registered partitioner by name."""
-    try:
-        cls = PARTITIONERS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown partitioner {name!r}; choose one of {', '.join(sorted(PARTITIONERS))}"
-        ) from None
-    try:
-        return cls(**params)
-    except TypeError as exc:
-        raise ConfigError(f"bad parameters for partitioner {name!r}: {exc}") from exc
 
 
 __all__ = [

@@ -29,6 +29,8 @@ from hiremate.config import load_config
 from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.testing.fuzzgraphs import HUGE, FuzzOp, FuzzSpec, graph_from_spec
 from hiremate.composer.menus import menu_budgets
+from hiremate.solvers.protocols import menu_of, menu_pairs
+from hiremate.solvers.protocols import menu_of, menu_pairs
 from hiremate.registry import make_solver, solver_class, solver_names
 from hiremate.ir.schedule import Compute
 from hiremate.solvers.hilp.flat import memory_floor
@@ -176,9 +178,9 @@ def check_menu(name: str, g, extra: list[int]) -> int:
     if not solver.applicable(g):
         return 0
     budgets = menu_budgets(solver, g, 3, 2)
-    if not getattr(solver, "menu_pairs", False):
+    if not menu_pairs(solver):
         budgets = sorted(set(budgets) | set(extra))
-    options = solver.menu(g, budgets)
+    options = menu_of(solver, g, budgets)
     top = max((b if isinstance(b, int) else b[0] for b in budgets), default=0)
     allowed = top
     if hasattr(solver, "min_budget"):

@@ -14,7 +14,8 @@ import torch
 import hiremate
 from hiremate.errors import ConfigError, SolverError
 from hiremate.ir.blocks import TopProblem, make_blocks
-from hiremate.partition import PeelPartition, SequencePartition, forward_dag, make_partitioner
+from hiremate.registry import make_partitioner
+from hiremate.partition import PeelPartition, SequencePartition, forward_dag
 from hiremate.partition.hierarchy import hierarchy_from_levels
 from hiremate.partition.peel import peel_sinks
 from hiremate.ir.simulator import autodiff_schedule, simulate
@@ -169,7 +170,7 @@ def test_peel_is_vetoed_where_the_contracted_backward_would_have_a_cycle():
 
 def test_peel_partitioner_registry_and_errors():
     g = u_shaped(1)
-    p = make_partitioner("peel", base="sequence", peel_min=5)
+    p = make_partitioner("peel", {"base": "sequence", "peel_min": 5})
     assert repr(p) == "PeelPartition(SequencePartition(), peel_min=5)"
     assert p.partition(g).partitioner == repr(p)
     with pytest.raises(ConfigError, match="peel_min"):

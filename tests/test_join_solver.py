@@ -18,6 +18,7 @@ from hiremate.registry import make_solver, solver_names
 from hiremate.ir.simulator import autodiff_schedule, simulate
 from hiremate.testing.synthetic import DagOp, chain_graph, graph_from_dag, random_graph
 from hiremate.solvers.chain.join import JoinDP, graph_join
+from hiremate.solvers.protocols import menu_of
 
 
 def join_graph(rng: random.Random, lengths: list[int], shared: bool = False,
@@ -170,7 +171,7 @@ def test_registered_as_join():
     g = join_graph(random.Random(1), [2, 3])
     res = simulate(g, solver.schedule(g, solver.min_budget(g)))
     assert res.valid
-    opts = solver.menu(g, [solver.min_budget(g), 10**6])
+    opts = menu_of(solver, g, [solver.min_budget(g), 10**6])
     assert opts
 
 

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from hiremate.errors import ConfigError
 from hiremate.ir.graph import DataKind, Graph
+from hiremate.registry import make_partitioner
 from hiremate.partition import (
     PARTITIONERS, FlatPartition, HPartition, Hierarchy, Part, Partitioner, SequencePartition,
-    draw_hierarchy, forward_dag, make_partitioner,
+    draw_hierarchy, forward_dag,
 )
 from hiremate.testing.gptlike import gpt_like_dag, gpt_like_dag_ops, layers_for
 from hiremate.partition.hpartition import (
@@ -361,7 +362,7 @@ def test_bad_parameters_raise_config_errors():
     with pytest.raises(ConfigError, match="unknown partitioner 'nope'"):
         make_partitioner("nope")
     with pytest.raises(ConfigError, match="bad parameters"):
-        make_partitioner("flat", max_sub=3)
+        make_partitioner("flat", {"max_sub": 3})
 
 
 # -- identical subgraphs -----------------------------------------------------------------------
@@ -572,9 +573,9 @@ def test_sequence_hoisting_bound_and_switch():
         assert len(h.top) == blocks, (mask, frac)
         assert h.top[0] == Part("node", 0)  # the mask: hoisted, or first in the order anyway
     with pytest.raises(ConfigError):
-        make_partitioner("sequence", const_fraction=1.5)
+        make_partitioner("sequence", {"const_fraction": 1.5})
     with pytest.raises(ConfigError):
-        make_partitioner("sequence", max_blocks=-1)
+        make_partitioner("sequence", {"max_blocks": -1})
 
 
 @settings(max_examples=40, deadline=None)

@@ -14,6 +14,7 @@ from hiremate.ir.blocks import Block
 from hiremate.ir.graph import Graph, graph_key
 from hiremate.ir.option import Option, pareto_front
 from hiremate.ir.simulator import autodiff_schedule
+from hiremate.solvers.protocols import menu_of, menu_pairs
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ def menu_budgets(solver: Any, graph: Graph, n_peak: int, n_save: int) -> list:
     from hiremate.solvers.menu import budget_grid
 
     grid = budget_grid(graph, n_peak, n_save)
-    if getattr(solver, "menu_pairs", False):
+    if menu_pairs(solver):
         return grid
     return sorted({p for p, _ in grid})
 
@@ -39,7 +40,7 @@ def solve_menu_task(graph: Graph, name: str, cls: type, params: dict, n_peak: in
             solver.name = name
         if not solver.applicable(graph):
             return [], time.perf_counter() - start, "not applicable"
-        options = list(solver.menu(graph, menu_budgets(solver, graph, n_peak, n_save)))
+        options = menu_of(solver, graph, menu_budgets(solver, graph, n_peak, n_save))
         options = [o if o.solver == name else _with_solver(o, name) for o in options]
         return options, time.perf_counter() - start, ""
     except Exception as exc:  # one solver failing on one block must not stop the others

@@ -39,14 +39,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hiremate.composer.menus import _progress, _runtime_free, solve_menus
 from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.ir.blocks import Candidate, TopProblem, make_blocks
 from hiremate.ir.graph import Graph, graph_key
-from hiremate.ir.schedule import Schedule
+from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
 from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
 from hiremate.units import fmt_bytes
 
@@ -105,122 +105,174 @@ class SolveResult:
 
 
 
-def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
-    """Schedule ``graph`` within ``budget`` bytes with configuration ``cfg`` (see module doc)."""
-    from hiremate.registry import make_partitioner, make_solver
-    from hiremate.ir.schedule import schedule_from_list, schedule_to_list
+@dataclass
+class _Paths:
+    """What the flat and hierarchical paths found: candidates, the budgets each solver is known
+    to meet (its lowest), and why the others found nothing."""
 
+    candidates: list[Candidate] = field(default_factory=list)
+    mins: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
+    """Schedule ``graph`` within ``budget`` bytes with configuration ``cfg`` (see module doc):
+    a cached answer when it still fits, else the flat path, the hierarchical path when the flat
+    one is not enough, and the schedule pool, the fastest valid candidate winning."""
     start = time.perf_counter()
     gkey = graph_key(graph)
     top_key = {"kind": "solve", "graph": gkey, "budget": int(budget), "config": _runtime_free(cfg)}
     pool = _schedule_pool(graph, gkey, cfg, cache)
-    hit = cache.get(top_key)
-    if hit is not None:
-        sched = schedule_from_list(hit["schedule"])
-        sim = simulate(graph, sched)
-        if sim.valid and sim.peak <= budget:
-            report = dict(hit["report"], solve_time=time.perf_counter() - start, cached=True)
-            pooled = _pooled(pool, budget)
-            if pooled and min(c.sim.time for c in pooled) < sim.time:
-                best = min(pooled, key=lambda c: (c.sim.time, c.sim.peak))
-                sched, sim = best.schedule, best.sim
-                _describe_best(report, best, report.get("autodiff_peak"),
-                               report.get("autodiff_time"))
-            return SolveResult(sched, sim, report)
-        log.warning("cached schedule no longer fits; solving again")
+    cached = _cached_solution(graph, budget, cache.get(top_key), pool, start)
+    if cached is not None:
+        return cached
     ad = simulate(graph, autodiff_schedule(graph))
     report: dict[str, Any] = {
         "config": cfg.name, "budget": int(budget), "autodiff_peak": ad.peak,
         "autodiff_time": ad.time, "compute_nodes": len(graph.nodes),
         "data_nodes": len(graph.data), "forward_nodes": len(graph.fwd_nodes),
     }
-    t0 = time.perf_counter()
-    hierarchy = make_partitioner(cfg.partitioner, cfg.partitioner_params).partition(graph)
-    report["partition_time"] = time.perf_counter() - t0
-    report["hierarchy"] = hierarchy.summary()
-    candidates: list[Candidate] = []
-    mins: dict[str, int] = {}
-    errors: dict[str, str] = {}
+    found = _Paths()
     flat_used = bool(cfg.flat) and len(graph.nodes) <= cfg.flat_max_nodes
     if flat_used:
-        for name in _progress(cfg, cfg.flat, "flat level"):
-            t0 = time.perf_counter()
-            cand, low, err = flat_candidate(name, cfg.solver_params.get(name, {}), graph, budget)
-            log.info("flat %s: %s in %.2fs", name, "ok" if cand else err, time.perf_counter() - t0)
-            if cand is not None:
-                candidates.append(cand)
-            if low is not None:
-                mins[f"flat:{name}"] = low
-            if err:
-                errors[f"flat:{name}"] = err
-    slow_flat = bool(candidates) and ad.time > 0 and \
-        min(c.sim.time for c in candidates) > cfg.hierarchical_above * ad.time
-    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not candidates or slow_flat)
+        _flat_path(graph, budget, cfg, found)
+    slow_flat = bool(found.candidates) and ad.time > 0 and \
+        min(c.sim.time for c in found.candidates) > cfg.hierarchical_above * ad.time
+    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not found.candidates
+                                                  or slow_flat)
     if hier_used:
-        blocks, tail = make_blocks(graph, hierarchy)
-        t0 = time.perf_counter()
-        facts = solve_menus(blocks, cfg, cache)
-        report["menu_time"] = time.perf_counter() - t0
-        report["blocks"] = len(blocks)
-        report["unique_blocks"] = len(facts)
-        report["largest_block"] = max(len(b.graph.nodes) for b in blocks)
-        report["tail_nodes"] = len(tail)
-        report["block_menus"] = [
-            {"nodes": f["nodes"], "menu": f["menu"], "solvers": f["solvers"],
-             "members": sum(1 for b in blocks if b.key == k)} for k, f in facts.items()]
-        problem = TopProblem(graph, blocks, tail)
-        for name in _progress(cfg, cfg.top, "top level"):
-            composer = make_solver(name, cfg.solver_params.get(name, {}))
-            try:
-                found, low = composer.compose(problem, budget)
-            except Exception as exc:  # report, and let another path win
-                errors[f"top:{name}"] = f"{type(exc).__name__}: {exc}"
-                log.warning("top-level %s failed: %s", name, exc)
-                continue
-            if low is not None:
-                mins[f"top:{name}"] = low
-            for c in found:
-                c.detail["blocks"] = _winners(problem, c)
-                c.detail.pop("ops", None)
-            candidates.extend(found)
-            if not found:
-                errors[f"top:{name}"] = "no sequence within the budget"
+        _hierarchical_path(graph, budget, cfg, cache, found, report)
+    else:  # the report describes the partition even when the flat path alone decided
+        _partition(graph, cfg, report)
     report["flat_path"] = flat_used
     report["hierarchical_path"] = hier_used
     if pool is not None:
         pooled = _pooled(pool, budget)
         report["pool"] = {"recorded": pool.record((c.schedule, c.sim, c.source)
-                                                  for c in candidates),
+                                                  for c in found.candidates),
                           "fitting": len(pooled)}
-        candidates.extend(pooled)
-    if not candidates:
-        report["errors"] = errors
-        solvers = [f"flat: {', '.join(cfg.flat)}" if flat_used else "",
-                   f"bottom: {', '.join(cfg.bottom)}, top: {', '.join(cfg.top)}" if hier_used else ""]
-        names = "; ".join(s for s in solvers if s)
-        if mins:
-            low = min(mins.values())
-            raise InfeasibleBudgetError(
-                f"budget {fmt_bytes(budget)} is below the {fmt_bytes(low)} ({low} bytes) that "
-                f"the configured solvers ({names}) need for this graph of {len(graph.nodes)} "
-                f"compute nodes (autodiff peak {fmt_bytes(ad.peak)}); raise the budget to at "
-                "least that, or configure a solver that recomputes more", min_budget=low)
-        raise SolverError(f"no configured solver ({names}) produced a schedule: {errors}")
-    best = min(candidates, key=lambda c: (c.sim.time, c.sim.peak))
+        found.candidates.extend(pooled)
+    if not found.candidates:
+        report["errors"] = found.errors
+        _raise_nothing_fits(graph, budget, cfg, found, ad.peak, flat_used, hier_used)
+    best = _best(found, report, ad)
+    report["solve_time"] = time.perf_counter() - start
+    cache.put(top_key, {"schedule": schedule_to_list(best.schedule), "report": report})
+    return SolveResult(best.schedule, best.sim, report)
+
+
+def _cached_solution(graph: Graph, budget: int, hit: Any, pool: Any,
+                     start: float) -> SolveResult | None:
+    """The cached answer for this graph, budget and configuration, when it still fits the
+    budget under the current costs (a faster pooled schedule replaces it)."""
+    if hit is None:
+        return None
+    sched = schedule_from_list(hit["schedule"])
+    sim = simulate(graph, sched)
+    if not (sim.valid and sim.peak <= budget):
+        log.warning("cached schedule no longer fits; solving again")
+        return None
+    report = dict(hit["report"], solve_time=time.perf_counter() - start, cached=True)
+    pooled = _pooled(pool, budget)
+    if pooled and min(c.sim.time for c in pooled) < sim.time:
+        best = min(pooled, key=lambda c: (c.sim.time, c.sim.peak))
+        sched, sim = best.schedule, best.sim
+        _describe_best(report, best, report.get("autodiff_peak"), report.get("autodiff_time"))
+    return SolveResult(sched, sim, report)
+
+
+def _flat_path(graph: Graph, budget: int, cfg: Any, found: _Paths) -> None:
+    """Every flat solver of the configuration on the whole graph."""
+    for name in _progress(cfg, cfg.flat, "flat level"):
+        t0 = time.perf_counter()
+        cand, low, err = flat_candidate(name, cfg.solver_params.get(name, {}), graph, budget)
+        log.info("flat %s: %s in %.2fs", name, "ok" if cand else err, time.perf_counter() - t0)
+        if cand is not None:
+            found.candidates.append(cand)
+        if low is not None:
+            found.mins[f"flat:{name}"] = low
+        if err:
+            found.errors[f"flat:{name}"] = err
+
+
+def _partition(graph: Graph, cfg: Any, report: dict[str, Any]) -> Any:
+    from hiremate.registry import make_partitioner
+
+    t0 = time.perf_counter()
+    hierarchy = make_partitioner(cfg.partitioner, cfg.partitioner_params).partition(graph)
+    report["partition_time"] = time.perf_counter() - t0
+    report["hierarchy"] = hierarchy.summary()
+    return hierarchy
+
+
+def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths,
+                       report: dict[str, Any]) -> None:
+    """Blocks of the partition's top level, a menu for each unique block, then every top-level
+    composer over the blocks."""
+    from hiremate.registry import make_solver
+
+    blocks, tail = make_blocks(graph, _partition(graph, cfg, report))
+    t0 = time.perf_counter()
+    facts = solve_menus(blocks, cfg, cache)
+    report["menu_time"] = time.perf_counter() - t0
+    report["blocks"] = len(blocks)
+    report["unique_blocks"] = len(facts)
+    report["largest_block"] = max(len(b.graph.nodes) for b in blocks)
+    report["tail_nodes"] = len(tail)
+    report["block_menus"] = [
+        {"nodes": f["nodes"], "menu": f["menu"], "solvers": f["solvers"],
+         "members": sum(1 for b in blocks if b.key == k)} for k, f in facts.items()]
+    problem = TopProblem(graph, blocks, tail)
+    for name in _progress(cfg, cfg.top, "top level"):
+        composer = make_solver(name, cfg.solver_params.get(name, {}))
+        try:
+            cands, low = composer.compose(problem, budget)
+        except Exception as exc:  # report, and let another path win
+            found.errors[f"top:{name}"] = f"{type(exc).__name__}: {exc}"
+            log.warning("top-level %s failed: %s", name, exc)
+            continue
+        if low is not None:
+            found.mins[f"top:{name}"] = low
+        for c in cands:
+            c.detail["blocks"] = _winners(problem, c)
+            c.detail.pop("ops", None)
+        found.candidates.extend(cands)
+        if not cands:
+            found.errors[f"top:{name}"] = "no sequence within the budget"
+
+
+def _raise_nothing_fits(graph: Graph, budget: int, cfg: Any, found: _Paths, ad_peak: int,
+                        flat_used: bool, hier_used: bool) -> None:
+    """No candidate: an InfeasibleBudgetError naming the lowest budget some solver meets, or a
+    SolverError with every solver's reason."""
+    solvers = [f"flat: {', '.join(cfg.flat)}" if flat_used else "",
+               f"bottom: {', '.join(cfg.bottom)}, top: {', '.join(cfg.top)}" if hier_used else ""]
+    names = "; ".join(s for s in solvers if s)
+    if found.mins:
+        low = min(found.mins.values())
+        raise InfeasibleBudgetError(
+            f"budget {fmt_bytes(budget)} is below the {fmt_bytes(low)} ({low} bytes) that "
+            f"the configured solvers ({names}) need for this graph of {len(graph.nodes)} "
+            f"compute nodes (autodiff peak {fmt_bytes(ad_peak)}); raise the budget to at "
+            "least that, or configure a solver that recomputes more", min_budget=low)
+    raise SolverError(f"no configured solver ({names}) produced a schedule: {found.errors}")
+
+
+def _best(found: _Paths, report: dict[str, Any], ad: SimulationResult) -> Candidate:
+    """The fastest candidate (the lower peak breaks ties), described in ``report``."""
+    best = min(found.candidates, key=lambda c: (c.sim.time, c.sim.peak))
     _describe_best(report, best, ad.peak, ad.time)
     fastest: dict[str, Candidate] = {}
-    for c in sorted(candidates, key=lambda c: -c.sim.time):
+    for c in sorted(found.candidates, key=lambda c: -c.sim.time):
         fastest[c.source] = c  # several pool entries may share a source: the fastest shown
     report.update({
         "candidates": {src: {"peak": c.sim.peak, "time": c.sim.time}
                        for src, c in fastest.items()},
-        "min_budgets": mins, "errors": errors, "cached": False,
+        "min_budgets": found.mins, "errors": found.errors, "cached": False,
     })
     if "blocks" in best.detail:
         report["block_solvers"] = best.detail["blocks"]
-    report["solve_time"] = time.perf_counter() - start
-    cache.put(top_key, {"schedule": schedule_to_list(best.schedule), "report": report})
-    return SolveResult(best.schedule, best.sim, report)
+    return best
 
 
 def _schedule_pool(graph: Graph, gkey: str, cfg: Any, cache: Any) -> Any:

@@ -296,6 +296,8 @@ class HilpSolver:
     """Flat H-ILP over a CD-graph (rk-Checkmate when every node has one option)."""
 
     name = "hilp"
+    #: menus take (peak, save) budget pairs: options that save less for the same peak
+    menu_pairs = True
 
     def __init__(self, config: HilpConfig | None = None, **overrides):
         config = config or HilpConfig()
