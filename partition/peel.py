@@ -104,17 +104,13 @@ def _acyclic_contraction(graph: Graph, node_ids: list[int]
 
 class PeelPartition:
     """Another partitioner's top level (``base``, with ``base_params``), with the sink of each
-    of its blocks of at least ``peel_min`` forward nodes peeled (module docstring).
-
-    ``base`` names a built-in partitioner (:data:`hiremate.partition.PARTITIONERS`): the
-    registry, which also knows plugins, sits above the partition stage, which may not import
-    it."""
+    of its blocks of at least ``peel_min`` forward nodes peeled (module docstring)."""
 
     name = "peel"
 
     def __init__(self, base: str = "sequence", peel_min: int = 8,
                  base_params: dict[str, Any] | None = None):
-        from . import PARTITIONERS
+        from . import make_partitioner
 
         if base == "peel":
             raise ConfigError("partitioner 'peel' needs another partitioner as its base")
@@ -123,13 +119,7 @@ class PeelPartition:
                               "forward nodes of a block whose sinks are peeled)")
         self.base_name = base
         self.base_params = dict(base_params or {})
-        if base not in PARTITIONERS:
-            raise ConfigError(f"unknown partitioner {base!r} as the base of 'peel'; choose one "
-                              f"of {', '.join(sorted(set(PARTITIONERS) - {'peel'}))}")
-        try:
-            self.base = PARTITIONERS[base](**self.base_params)
-        except TypeError as exc:
-            raise ConfigError(f"bad parameters for partitioner {base!r}: {exc}") from exc
+        self.base = make_partitioner(base, **self.base_params)
         self.peel_min = int(peel_min)
 
     def __repr__(self) -> str:
