@@ -108,18 +108,29 @@ class PeelPartition:
 
     name = "peel"
 
-    def __init__(self, base: str = "sequence", peel_min: int = 8,
+    def __init__(self, base: Any = "sequence", peel_min: int = 8,
                  base_params: dict[str, Any] | None = None):
-        from . import make_partitioner
+        from . import PARTITIONERS
 
-        if base == "peel":
+        if base == "peel" or isinstance(base, PeelPartition):
             raise ConfigError("partitioner 'peel' needs another partitioner as its base")
         if int(peel_min) != peel_min or peel_min < 1:
             raise ConfigError(f"peel_min={peel_min} must be a whole number >= 1 (the least "
                               "forward nodes of a block whose sinks are peeled)")
-        self.base_name = base
         self.base_params = dict(base_params or {})
-        self.base = make_partitioner(base, **self.base_params)
+        if not isinstance(base, str) and callable(getattr(base, "partition", None)):
+            # a partitioner object (e.g. a plugin's)
+            self.base_name, self.base = getattr(base, "name", type(base).__name__), base
+        elif base in PARTITIONERS:
+            self.base_name = base
+            try:
+                self.base = PARTITIONERS[base](**self.base_params)
+            except TypeError as exc:
+                raise ConfigError(f"bad base_params for partitioner {base!r}: {exc}") from exc
+        else:
+            raise ConfigError(f"unknown base partitioner {base!r} for 'peel'; choose one of "
+                              f"{', '.join(sorted(set(PARTITIONERS) - {'peel'}))}, or pass a "
+                              "partitioner object")
         self.peel_min = int(peel_min)
 
     def __repr__(self) -> str:

@@ -177,5 +177,5 @@ def test_peel_partitioner_registry_and_errors():
         PeelPartition("sequence", peel_min=0)
     with pytest.raises(ConfigError, match="another partitioner"):
         PeelPartition("peel")
-    with pytest.raises(ConfigError, match="unknown partitioner"):
+    with pytest.raises(ConfigError, match="unknown base partitioner"):
         PeelPartition("nonesuch")
