@@ -53,7 +53,7 @@ def test_config_save_writes_plain_yaml(tmp_path):
 # -- eval / exec ----------------------------------------------------------------------------------
 def _calls(name_set: set[str]):
     for folder in LIBRARY:
-        for path in sorted((ROOT / folder).glob("*.py")):
+        for path in sorted((ROOT / folder).rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
             for node in ast.walk(tree):
                 if isinstance(node, ast.Call):
@@ -61,7 +61,7 @@ def _calls(name_set: set[str]):
                     called = f.id if isinstance(f, ast.Name) else (
                         f.attr if isinstance(f, ast.Attribute) else None)
                     if called in name_set:
-                        yield f"{folder}/{path.name}", called, node
+                        yield path.relative_to(ROOT).as_posix(), called, node
 
 
 def test_eval_and_exec_only_in_the_executor_codegen_on_generated_text():
