@@ -153,3 +153,10 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setitem(PACKAGE_DIRS, "hiremate.ir", fake)
     with pytest.raises(AssertionError, match="hiremate.ir.bad .* imports hiremate.api"):
         test_stages_import_downward_only()
+
+
+def test_no_module_over_600_lines():
+    """A module that outgrows a screenful of screens is a family that wants a subpackage."""
+    long = {m: n for m, p in _modules().items()
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"modules over 600 lines: {long}"
