@@ -108,18 +108,18 @@ class SolveResult:
 def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     """Schedule ``graph`` within ``budget`` bytes with configuration ``cfg`` (see module doc)."""
     from hiremate.registry import make_partitioner, make_solver
-    from hiremate.ir.schedule import schedule_from_list, schedule_to_list
+    from hiremate.composer.menu_cache import decode_solve, encode_solve
 
     start = time.perf_counter()
     gkey = graph_key(graph)
     top_key = {"kind": "solve", "graph": gkey, "budget": int(budget), "config": _runtime_free(cfg)}
     pool = _schedule_pool(graph, gkey, cfg, cache)
-    hit = cache.get(top_key)
+    hit = cache.get(top_key, decode=decode_solve)
     if hit is not None:
-        sched = schedule_from_list(hit["schedule"])
+        sched, cached_report = hit
         sim = simulate(graph, sched)
         if sim.valid and sim.peak <= budget:
-            report = dict(hit["report"], solve_time=time.perf_counter() - start, cached=True)
+            report = dict(cached_report, solve_time=time.perf_counter() - start, cached=True)
             pooled = _pooled(pool, budget)
             if pooled and min(c.sim.time for c in pooled) < sim.time:
                 best = min(pooled, key=lambda c: (c.sim.time, c.sim.peak))
@@ -219,7 +219,7 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     if "blocks" in best.detail:
         report["block_solvers"] = best.detail["blocks"]
     report["solve_time"] = time.perf_counter() - start
-    cache.put(top_key, {"schedule": schedule_to_list(best.schedule), "report": report})
+    cache.put(top_key, encode_solve(best.schedule, report))
     return SolveResult(best.schedule, best.sim, report)
 
 
