@@ -2,10 +2,16 @@
 
 The pipeline: ``build_graph`` captures a CD-graph, partitioners group it, solvers schedule it,
 and the executor runs the schedule as an ``nn.Module``. See DESIGN.md for the stages.
+
+``import hiremate`` stays light: it loads the graph and schedule types, the simulator and the
+errors, and none of torch, the solvers or the model zoo. The rest of the public API
+(``HRockmate``, ``Config``, ``RematModule``, ``zoo``, ...) is imported on first use.
+``__all__`` is the short list a user needs; the other names below stay importable.
 """
 
 from hiremate.errors import (
     ConfigError,
+    ExecutionError,
     GraphCaptureError,
     HiremateError,
     InfeasibleBudgetError,
@@ -37,27 +43,38 @@ def measure(fn, *args, **kwargs):
 
 
 __all__ = [
-    "Compute", "ComputeNode", "ConfigError", "DataKind", "DataNode", "Delete", "Graph",
-    "GraphCaptureError", "HiremateError", "InfeasibleBudgetError", "InputMismatchError",
-    "InvalidGraphError", "InvalidScheduleError", "NodeKind", "Op", "Ref", "Schedule",
-    "SimulationResult", "SolverError", "autodiff_schedule", "build_graph", "fmt_bytes",
-    "measure", "parse_bytes", "simulate",
-    "HRockmate", "Config", "RematModule", "register_solver", "register_partitioner",
-    "solve_graph", "load_config",
+    # solve and run
+    "HRockmate", "Config", "load_config", "RematModule", "solve_graph",
+    # extend
+    "register_solver", "register_partitioner",
+    # graphs and schedules
+    "build_graph", "Graph", "Schedule", "simulate", "autodiff_schedule", "measure", "zoo",
+    # errors
+    "HiremateError", "ConfigError", "GraphCaptureError", "InfeasibleBudgetError",
+    "InputMismatchError", "InvalidGraphError", "InvalidScheduleError", "SolverError",
+    "ExecutionError",
 ]
 
+#: names imported on first use: attribute -> module that defines it (a module itself when the
+#: attribute is the module's last component)
 _LAZY = {
-    "HRockmate": "hiremate.api", "Config": "hiremate.config",
+    "HRockmate": "hiremate.api", "solve_graph": "hiremate.api",
+    "Config": "hiremate.config", "load_config": "hiremate.config",
     "register_solver": "hiremate.registry", "register_partitioner": "hiremate.registry",
-    "RematModule": "hiremate.runtime.executor", "solve_graph": "hiremate.api",
-    "load_config": "hiremate.config",
+    "RematModule": "hiremate.runtime.executor",
+    "zoo": "hiremate.zoo",
 }
 
 
-def __getattr__(name):
-    """Lazy exports of the pipeline's public API (importing it loads the solvers)."""
+def __getattr__(name: str):
+    """Lazy exports of the pipeline's public API (importing it loads torch and the solvers)."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        return module if _LAZY[name] == f"{__name__}.{name}" else getattr(module, name)
     raise AttributeError(f"module 'hiremate' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
