@@ -238,3 +238,14 @@ def test_planted_pickles_never_run_in_a_full_solve(tmp_path, monkeypatch, where)
     assert not list(planted_dir.rglob("*.pkl"))
     for f in planted_dir.rglob("*.json"):  # what the solve wrote back is data
         assert json.loads(f.read_text())["version"] == CACHE_VERSION
+
+
+def test_no_pickle_reads_files_in_the_library():
+    """pickle appears only where a process exchanges its own values with a child it started
+    (the H-ILP backend's subprocess); nothing read from disk is unpickled."""
+    root = Path(__file__).resolve().parents[1]
+    users = sorted(p.relative_to(root).as_posix()
+                   for top in ("hiremate", "graphbuilder", "partition", "solvers")
+                   for p in (root / top).rglob("*.py")
+                   if "import pickle" in p.read_text(encoding="utf-8"))
+    assert users == ["solvers/hilp/backends.py"]

@@ -53,7 +53,7 @@ def test_config_save_writes_plain_yaml(tmp_path):
 # -- eval / exec ----------------------------------------------------------------------------------
 def _calls(name_set: set[str]):
     for folder in LIBRARY:
-        for path in sorted((ROOT / folder).glob("*.py")):
+        for path in sorted((ROOT / folder).rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
             for node in ast.walk(tree):
                 if isinstance(node, ast.Call):
@@ -61,7 +61,7 @@ def _calls(name_set: set[str]):
                     called = f.id if isinstance(f, ast.Name) else (
                         f.attr if isinstance(f, ast.Attribute) else None)
                     if called in name_set:
-                        yield f"{folder}/{path.name}", called, node
+                        yield path.relative_to(ROOT).as_posix(), called, node
 
 
 def test_eval_and_exec_only_in_the_executor_codegen_on_generated_text():
@@ -73,7 +73,7 @@ def test_eval_and_exec_only_in_the_executor_codegen_on_generated_text():
     [(_, _, node)] = [x for x in _calls({"exec"})]
     assert isinstance(node.args[0], ast.Name) and node.args[0].id == "code"
     compiles = [(p, ast.unparse(n.args[0])) for p, _, n in _calls({"compile"})
-                if p.startswith("hiremate/executor")]
+                if p.startswith("hiremate/runtime/")]
     assert compiles == [("hiremate/runtime/codegen.py", "src")]
 
 
