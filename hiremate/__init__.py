@@ -1,7 +1,7 @@
 """hiremate: train any PyTorch model within an activation-memory budget.
 
 The pipeline: ``build_graph`` captures a CD-graph, partitioners group it, solvers schedule it,
-and the executor runs the schedule as an ``nn.Module``. See DESIGN.md for the stages.
+and the executor runs the schedule as an ``nn.Module``. README.md describes the layout.
 
 ``import hiremate`` stays light: it loads the graph and schedule types, the simulator and the
 errors, and none of torch, the solvers or the model zoo. The rest of the public API
@@ -20,10 +20,13 @@ from hiremate.errors import (
     InvalidScheduleError,
     SolverError,
 )
-from hiremate.ir.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref
-from hiremate.ir.schedule import Compute, Delete, Schedule
-from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
-from hiremate.units import fmt_bytes, parse_bytes
+# the names not in __all__ stay importable for existing code (hence the noqa)
+from hiremate.ir.graph import (  # noqa: F401
+    ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref,
+)
+from hiremate.ir.schedule import Compute, Delete, Schedule  # noqa: F401
+from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate  # noqa: F401
+from hiremate.units import fmt_bytes, parse_bytes  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -36,7 +39,8 @@ def build_graph(model, sample, **kwargs):
 
 
 def measure(fn, *args, **kwargs):
-    """Peak activation bytes and time of one forward+backward (see ``hiremate.runtime.measurement``)."""
+    """Peak activation bytes and time of one forward+backward (see
+    ``hiremate.runtime.measurement``)."""
     from hiremate.runtime.measurement import measure as _measure
 
     return _measure(fn, *args, **kwargs)

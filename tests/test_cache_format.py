@@ -19,7 +19,6 @@ from hiremate.composer.menu_cache import (
     CACHE_VERSION, MenuCache, decode_menu, decode_pool, decode_solve, encode_menu, encode_pool,
     encode_solve,
 )
-from hiremate.composer.menus import _runtime_free
 from hiremate.composer.pool import SchedulePool, pool_key
 from hiremate.config import load_config
 from hiremate.errors import FormatError, InvalidScheduleError
@@ -157,7 +156,7 @@ def test_pool_round_trip(tmp_path):
     assert sched == ad and sim2.peak == sim.peak and src == "autodiff"
 
 
-# -- what is not data is neither stored nor read -----------------------------------------------------
+# -- what is not data is neither stored nor read --------------------------------------------------
 def test_value_that_is_not_data_is_not_stored(tmp_path, caplog):
     cache = MenuCache(tmp_path)
     with caplog.at_level(logging.WARNING, logger=mc.__name__):
