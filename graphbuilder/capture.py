@@ -241,7 +241,8 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
     original_names = {n for n, _ in original.named_parameters(remove_duplicate=False)}
     missing = [n for n in params if n not in original_names]
     if missing:
-        raise RuntimeError(f"captured parameters {missing[:3]} do not match the model's names")
+        raise GraphCaptureError(f"captured parameters {missing[:3]} do not match the model's "
+                                "parameter names, so this path cannot map them back to the model")
 
     leaves, in_spec = pytree.tree_flatten_with_path((args, kwargs))
     tensor_pos = [i for i, (_, v) in enumerate(leaves) if isinstance(v, torch.Tensor)]
@@ -311,7 +312,9 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
             if table.get(name) is not t:
                 table[name] = t
     if "last" not in marker:
-        raise RuntimeError("could not locate the end of the forward in the traced graph")
+        raise GraphCaptureError("could not locate the end of the forward in the traced graph "
+                                "(no tracing mode was active while the model ran): this path "
+                                "cannot capture the model with this torch")
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     first_buffer = len(params) + len(frozen)
     gm, marker["last"] = functionalise(

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from hiremate.errors import InvalidGraphError
+
 #: ops that return a tensor sharing storage although their schema does not say so
 _HIDDEN_VIEWS = {"aten::_unsafe_view", "aten::alias", "aten::lift_fresh"}
 #: ops that write into arguments although their schema does not say so (the running
@@ -99,6 +101,8 @@ def resolve_target(name: str) -> Any:
         return operator.getitem
     parts = name.split(".")
     if len(parts) != 3 or not all(p.replace("_", "a").isalnum() for p in parts):
-        raise ValueError(f"not an op name: {name!r}")
+        raise InvalidGraphError(f"{name!r} is not an operator name (namespace.op.overload, or "
+                                "getitem); the graph was not written by hiremate's builder: "
+                                "rebuild it with build_graph")
     ns, op, overload = parts
     return getattr(getattr(getattr(torch.ops, ns), op), overload)

@@ -1,11 +1,17 @@
 """hiremate: train any PyTorch model within an activation-memory budget.
 
 The pipeline: ``build_graph`` captures a CD-graph, partitioners group it, solvers schedule it,
-and the executor runs the schedule as an ``nn.Module``. See DESIGN.md for the stages.
+and the executor runs the schedule as an ``nn.Module``. README.md describes the layout.
+
+``import hiremate`` stays light: it loads the graph and schedule types, the simulator and the
+errors, and none of torch, the solvers or the model zoo. The rest of the public API
+(``HRockmate``, ``Config``, ``RematModule``, ``zoo``, ...) is imported on first use.
+``__all__`` is the short list a user needs; the other names below stay importable.
 """
 
 from hiremate.errors import (
     ConfigError,
+    ExecutionError,
     GraphCaptureError,
     HiremateError,
     InfeasibleBudgetError,
@@ -14,10 +20,13 @@ from hiremate.errors import (
     InvalidScheduleError,
     SolverError,
 )
-from hiremate.ir.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref
-from hiremate.ir.schedule import Compute, Delete, Schedule
-from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
-from hiremate.units import fmt_bytes, parse_bytes
+# the names not in __all__ stay importable for existing code (hence the noqa)
+from hiremate.ir.graph import (  # noqa: F401
+    ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref,
+)
+from hiremate.ir.schedule import Compute, Delete, Schedule  # noqa: F401
+from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate  # noqa: F401
+from hiremate.units import fmt_bytes, parse_bytes  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -30,34 +39,46 @@ def build_graph(model, sample, **kwargs):
 
 
 def measure(fn, *args, **kwargs):
-    """Peak activation bytes and time of one forward+backward (see ``hiremate.runtime.measurement``)."""
+    """Peak activation bytes and time of one forward+backward (see
+    ``hiremate.runtime.measurement``)."""
     from hiremate.runtime.measurement import measure as _measure
 
     return _measure(fn, *args, **kwargs)
 
 
 __all__ = [
-    "Compute", "ComputeNode", "ConfigError", "DataKind", "DataNode", "Delete", "Graph",
-    "GraphCaptureError", "HiremateError", "InfeasibleBudgetError", "InputMismatchError",
-    "InvalidGraphError", "InvalidScheduleError", "NodeKind", "Op", "Ref", "Schedule",
-    "SimulationResult", "SolverError", "autodiff_schedule", "build_graph", "fmt_bytes",
-    "measure", "parse_bytes", "simulate",
-    "HRockmate", "Config", "RematModule", "register_solver", "register_partitioner",
-    "solve_graph", "load_config",
+    # solve and run
+    "HRockmate", "Config", "load_config", "RematModule", "solve_graph",
+    # extend
+    "register_solver", "register_partitioner",
+    # graphs and schedules
+    "build_graph", "Graph", "Schedule", "simulate", "autodiff_schedule", "measure", "zoo",
+    # errors
+    "HiremateError", "ConfigError", "GraphCaptureError", "InfeasibleBudgetError",
+    "InputMismatchError", "InvalidGraphError", "InvalidScheduleError", "SolverError",
+    "ExecutionError",
 ]
 
+#: names imported on first use: attribute -> module that defines it (a module itself when the
+#: attribute is the module's last component)
 _LAZY = {
-    "HRockmate": "hiremate.api", "Config": "hiremate.config",
+    "HRockmate": "hiremate.api", "solve_graph": "hiremate.api",
+    "Config": "hiremate.config", "load_config": "hiremate.config",
     "register_solver": "hiremate.registry", "register_partitioner": "hiremate.registry",
-    "RematModule": "hiremate.runtime.executor", "solve_graph": "hiremate.api",
-    "load_config": "hiremate.config",
+    "RematModule": "hiremate.runtime.executor",
+    "zoo": "hiremate.zoo",
 }
 
 
-def __getattr__(name):
-    """Lazy exports of the pipeline's public API (importing it loads the solvers)."""
+def __getattr__(name: str):
+    """Lazy exports of the pipeline's public API (importing it loads torch and the solvers)."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        return module if _LAZY[name] == f"{__name__}.{name}" else getattr(module, name)
     raise AttributeError(f"module 'hiremate' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -84,6 +84,7 @@ class HRockmate(torch.nn.Module):
         cfg = load_config(config, **overrides)
         if budget is None:
             raise ConfigError("HRockmate needs a budget: bytes, '512MiB', or a fraction (0.5)")
+        resolve_budget(budget, reference=1)  # a malformed budget fails before the capture
         self._init_state(budget)
         with preserved(model):
             built = self._build(model, cfg, sample, budget)

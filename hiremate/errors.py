@@ -2,6 +2,11 @@
 
 Every failure that a user can cause raises a subclass of :class:`HiremateError`, so a caller can
 catch all of them at once, and each message says what went wrong and what to do about it.
+
+Each class also derives from the builtin exception a Python caller would expect for that kind of
+failure, so code written against the conventions keeps working: a bad budget, configuration,
+graph, schedule or input is a :class:`ValueError` (an input of the wrong structure is a
+:class:`TypeError` as well); a failed capture, solver or run is a :class:`RuntimeError`.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ class HiremateError(Exception):
     """Base class of every error raised by hiremate."""
 
 
-class GraphCaptureError(HiremateError):
+class GraphCaptureError(HiremateError, RuntimeError):
     """No capture path could turn the model into a graph.
 
     ``attempts`` maps each path that was tried to the reason it failed.
@@ -22,11 +27,12 @@ class GraphCaptureError(HiremateError):
         self.attempts = dict(attempts or {})
 
 
-class InvalidGraphError(HiremateError):
-    """A graph violates an invariant of the CD-graph (a builder or user bug)."""
+class InvalidGraphError(HiremateError, ValueError):
+    """A graph violates an invariant of the CD-graph (a builder or user bug), or does not
+    belong to the model it is used with."""
 
 
-class InvalidScheduleError(HiremateError):
+class InvalidScheduleError(HiremateError, ValueError):
     """A schedule cannot be executed on its graph; the message names the first bad step."""
 
     def __init__(self, message: str, step: int | None = None):
@@ -34,7 +40,7 @@ class InvalidScheduleError(HiremateError):
         self.step = step
 
 
-class InfeasibleBudgetError(HiremateError):
+class InfeasibleBudgetError(HiremateError, ValueError):
     """No configured solver can meet the budget; ``min_budget`` is the smallest that works."""
 
     def __init__(self, message: str, min_budget: int | None = None):
@@ -42,13 +48,37 @@ class InfeasibleBudgetError(HiremateError):
         self.min_budget = min_budget
 
 
-class ConfigError(HiremateError):
-    """A configuration (preset, YAML file, dict or keyword) is malformed."""
+class ConfigError(HiremateError, ValueError):
+    """A configuration (preset, YAML file, dict, keyword or budget) is malformed."""
 
 
-class InputMismatchError(HiremateError):
-    """A call's inputs differ from the sample the schedule was built for."""
+class InputMismatchError(HiremateError, ValueError, TypeError):
+    """A call's inputs differ from the sample the schedule was built for (in structure, which
+    a caller may catch as a ``TypeError``, or in shape and dtype, a ``ValueError``)."""
 
 
-class SolverError(HiremateError):
+class SolverError(HiremateError, RuntimeError):
     """A solver failed for a reason other than an infeasible budget."""
+
+
+class ExecutionError(HiremateError, RuntimeError):
+    """Running a schedule (a :class:`~hiremate.runtime.executor.RematModule` call or its
+    backward) failed for a reason the caller can fix."""
+
+
+class DoubleBackwardError(ExecutionError):
+    """Backward through a RematModule was asked to build a graph (``create_graph=True``)."""
+
+
+class BackwardTwiceError(ExecutionError):
+    """The backward of one RematModule call ran a second time (``retain_graph=True``)."""
+
+
+class ModifiedInPlaceError(ExecutionError):
+    """A tensor the backward of a RematModule call needs was modified in place after the call
+    (eager PyTorch refuses the same with a ``RuntimeError``)."""
+
+
+class FormatError(HiremateError, ValueError):
+    """Data read back from a file (a cache entry, a stored option or schedule) is not of the
+    expected kind, shape or version."""

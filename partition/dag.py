@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from hiremate.errors import InvalidGraphError
 from hiremate.ir.graph import Graph
 
 from hiremate.ir.constants import constant_nodes
@@ -74,11 +75,13 @@ class ForwardDag:
         """Check the topological numbering (a bug guard for generators and contraction)."""
         for i, ps in enumerate(self.preds):
             if any(p >= i or p < 0 for p in ps):
-                raise ValueError(f"node {i} has predecessors {ps}: not a topological order")
+                raise InvalidGraphError(f"node {i} has predecessors {ps}: not a topological "
+                                        "order (a bug in the graph's builder)")
         for v, users in enumerate(self.value_users):
             p = self.value_producer[v]
             if any(u <= p for u in users):
-                raise ValueError(f"value {v} produced by {p} is read by {users}")
+                raise InvalidGraphError(f"value {v} produced by {p} is read by {users}, "
+                                        "which come before it (a bug in the graph's builder)")
 
     @classmethod
     def build(
@@ -158,7 +161,8 @@ def contract(dag: ForwardDag, blocks: list[list[int]]) -> tuple[ForwardDag, list
         for u in members:
             block_of[u] = b
     if min(block_of, default=0) < 0:
-        raise ValueError("blocks do not cover every node")
+        raise InvalidGraphError("blocks do not cover every node: a partitioner must put every "
+                                "node in exactly one block")
     nb = len(blocks)
     bpreds: list[set[int]] = [set() for _ in range(nb)]
     for u, ps in enumerate(dag.preds):
@@ -184,7 +188,9 @@ def contract(dag: ForwardDag, blocks: list[list[int]]) -> tuple[ForwardDag, list
             if indeg[s] == 0:
                 heapq.heappush(heap, (key[s], s))
     if len(order) != nb:
-        raise ValueError("contracting these blocks creates a cycle: a block is not convex")
+        raise InvalidGraphError("contracting these blocks creates a cycle: a block is not "
+                                "convex; a partitioner must group nodes so that no path leaves a "
+                                "block and comes back")
     rank = [0] * nb
     for r, b in enumerate(order):
         rank[b] = r

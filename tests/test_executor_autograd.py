@@ -11,8 +11,14 @@ import torch
 import torch.utils._pytree as pytree
 
 import hiremate
-from hiremate.errors import HiremateError, InputMismatchError
-from hiremate.runtime.executor import BackwardTwiceError, DoubleBackwardError, RematModule
+from hiremate.errors import (
+    BackwardTwiceError,
+    DoubleBackwardError,
+    HiremateError,
+    InputMismatchError,
+    ModifiedInPlaceError,
+)
+from hiremate.runtime.executor import RematModule
 from hiremate.runtime.measurement import _cpu_allocation_events, _cpu_profile
 from test_executor_util import (
     assert_close, fresh_sample, get_model, graph_of, schedules_of, split)
@@ -210,5 +216,6 @@ def test_in_place_change_before_backward_raises_as_eager() -> None:
         loss = m(x).sum()
         with torch.no_grad():
             params[-2].add_(1.0)  # the last weight (eager saves it), e.g. an optimizer step
-        with pytest.raises(RuntimeError, match="modified"):
+        with pytest.raises(RuntimeError, match="modified") as info:
             loss.backward()
+        assert isinstance(info.value, ModifiedInPlaceError) == (m is remat)

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("numba")
 
 import hiremate  # noqa: E402
+from hiremate.errors import ConfigError  # noqa: E402
 from hiremate.solvers.fastsa import accel as fastsa_accel  # noqa: E402
 from hiremate.solvers.fastsa.solver import FastSA, primitive_table  # noqa: E402
 from hiremate.testing.synthetic import chain_graph, random_graph  # noqa: E402
@@ -80,7 +81,7 @@ def test_accelerate_setting_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="accelerate"):
         FastSA(accelerate="gpu")
     monkeypatch.setattr(fastsa_accel, "available", lambda: False)
-    with pytest.raises(ImportError, match=r"hiremate\[fast\]"):
+    with pytest.raises(ConfigError, match=r"hiremate\[fast\]"):
         FastSA(accelerate="numba")
     # "auto" falls back to the Python loop when numba is missing (the kernel is never called)
 

@@ -220,16 +220,16 @@ def test_unwritable_cache_directory_warns_and_solves(tmp_path, caplog):
 def test_corrupted_cache_file_warns_and_is_solved_again(tmp_path):
     g, cfg = _graph_and_cfg(cache_dir=str(tmp_path))
     first = solve_graph(g, 0.95, "hiremate", **cfg)
-    files = sorted(tmp_path.rglob("*.pkl"))
+    files = sorted(tmp_path.rglob("*.json"))
     assert files
     for f in files:
-        f.write_bytes(b"\x80\x04 this is not a pickle")
+        f.write_bytes(b"\x80\x04 this is not an entry")
     with pytest.warns(RuntimeWarning, match="is unreadable .*; it is removed and the result "
                       "solved again"):
         again = solve_graph(g, 0.95, "hiremate", **cfg)
     assert again.report["cache_hits"] == 0 and again.schedule == first.schedule
     assert hiremate.simulate(g, again.schedule).peak <= again.report["budget"]
-    assert sorted(tmp_path.rglob("*.pkl"))  # written again
+    assert sorted(tmp_path.rglob("*.json"))  # written again
 
 
 # -- solver backends ------------------------------------------------------------------------------------

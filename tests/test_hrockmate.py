@@ -4,7 +4,7 @@ cache, parallel menus, reports. Every schedule is checked with ``hiremate.simula
 
 from __future__ import annotations
 
-import pickle
+import json
 import time
 import warnings
 
@@ -24,7 +24,7 @@ from hiremate.ir.graph import graph_key
 from hiremate.partition import HPartition, SequencePartition
 from hiremate.ir.schedule import Compute, recomputations
 from hiremate.testing.synthetic import random_graph
-from test_partition import masked_layers, with_constants
+from test_partition_sequence import masked_layers, with_constants
 from test_registry import residual_chain
 
 FAST = {"progress": False, "n_jobs": 1, "cache": False,
@@ -212,15 +212,15 @@ def test_corrupted_cache_entry_is_ignored_with_warning(tmp_path):
     g = residual_chain(4)
     cfg = hier(cache=True, cache_dir=str(tmp_path))
     first = solve_graph(g, 0.6, cfg)
-    files = list(tmp_path.rglob("*.pkl"))
+    files = list(tmp_path.rglob("*.json"))
     assert files
     for f in files:
-        f.write_bytes(b"not a pickle")
+        f.write_bytes(b"not json")
     with pytest.warns(RuntimeWarning, match="unreadable"):
         again = solve_graph(g, 0.6, cfg)
     assert again.schedule == first.schedule and not again.report["cached"]
     # and the entries were written again
-    assert all(pickle.loads(f.read_bytes()) is not None for f in tmp_path.rglob("*.pkl"))
+    assert all(json.loads(f.read_bytes()) is not None for f in tmp_path.rglob("*.json"))
 
 
 def test_cache_key_depends_on_costs_and_solver_config(tmp_path):

@@ -73,7 +73,7 @@ def test_eval_and_exec_only_in_the_executor_codegen_on_generated_text():
     [(_, _, node)] = [x for x in _calls({"exec"})]
     assert isinstance(node.args[0], ast.Name) and node.args[0].id == "code"
     compiles = [(p, ast.unparse(n.args[0])) for p, _, n in _calls({"compile"})
-                if p.startswith("hiremate/runtime")]
+                if p.startswith("hiremate/runtime/")]
     assert compiles == [("hiremate/runtime/codegen.py", "src")]
 
 

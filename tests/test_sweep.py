@@ -67,7 +67,7 @@ def test_hiremate_cells_share_a_presolved_graph_and_go_down_with_the_budget(smok
                 assert r["solve_time"] >= r["extra"]["presolve_time"] > 0
             peaks = [r["predicted_peak"] for r in recs]
             assert peaks == sorted(peaks)
-    assert any((out / "cache").rglob("*.pkl"))
+    assert any((out / "cache").rglob("*.json"))
 
 
 def test_smoke_json_is_consistent(smoke):

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from hiremate.composer.menu_cache import decode_menu, encode_menu
 from hiremate.ir.blocks import Block
 from hiremate.ir.graph import Graph, graph_key
 from hiremate.ir.option import Option, pareto_front
@@ -94,7 +95,7 @@ def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
     for key, blk in unique.items():
         for name in cfg.bottom:
             ckey = {"kind": "menu", "graph": graph_key(blk.graph), **cfg.solver_key(name)}
-            hit = cache.get(ckey)
+            hit = cache.get(ckey, decode=decode_menu)
             if hit is not None:
                 results[(key, name)] = (hit[0], 0.0, hit[1], True)
             else:
@@ -119,7 +120,7 @@ def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
         for (key, name, ckey), (opts, secs, err) in zip(tasks, outs):
             results[(key, name)] = (opts, secs, err, False)
             if err in ("", "not applicable"):
-                cache.put(ckey, (opts, err))
+                cache.put(ckey, encode_menu(opts, err))
     facts: dict[str, Any] = {}
     for key, blk in unique.items():
         merged: list[Option] = [store_all_option(blk.graph)]

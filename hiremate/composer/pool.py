@@ -14,10 +14,12 @@ budget, so its peak can only go down as the budget does.
 
 The pool is the Pareto front in (peak, time) of what was recorded, re-simulated with the graph
 at hand (a capture's measured times differ from the last one's): a dominated schedule can never
-be the fastest within any budget. It lives in the :class:`~hiremate.composer.menu_cache.MenuCache` next
-to the menus, keyed by the graph (without times) and the result-deciding configuration; with
-the cache disabled there is no pool. Two processes recording at once may lose one's entries
-(last write wins): the pool is an accelerator, and losing an entry costs only a re-solve.
+be the fastest within any budget. It lives in the
+:class:`~hiremate.composer.menu_cache.MenuCache` next to the menus, keyed by the graph (without
+times) and the result-deciding configuration; with the cache disabled there is no pool. An
+entry is JSON data, never code: each schedule read back is checked step by step and simulated
+before it is offered. Two processes recording at once may lose one's entries (last write wins):
+the pool is an accelerator, and losing an entry costs only a re-solve.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
+from hiremate.composer.menu_cache import decode_pool, encode_pool
 from hiremate.ir.graph import Graph
-from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
+from hiremate.ir.schedule import Schedule
 from hiremate.ir.simulator import SimulationResult, simulate
 
 log = logging.getLogger(__name__)
@@ -63,17 +66,12 @@ class SchedulePool:
         self.key = key
 
     def _load(self) -> list[tuple[Schedule, SimulationResult, str]]:
-        stored = self.cache.get(self.key) if self.cache.enabled else None
+        stored = self.cache.get(self.key, decode=decode_pool) if self.cache.enabled else None
         out = []
-        for item in stored or ():
-            try:
-                sched = schedule_from_list(item["schedule"])
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("schedule pool entry unreadable (%s); skipped", exc)
-                continue
+        for sched, source in stored or ():
             sim = simulate(self.graph, sched)
             if sim.valid:
-                out.append((sched, sim, str(item.get("source", "pool"))))
+                out.append((sched, sim, source))
         return out
 
     def fitting(self, budget: int) -> list[tuple[Schedule, SimulationResult, str]]:
@@ -91,7 +89,6 @@ class SchedulePool:
         if len(front) > POOL_LIMIT:  # keep the spread of peaks, from lowest to fastest
             last = len(front) - 1
             front = [front[round(i * last / (POOL_LIMIT - 1))] for i in range(POOL_LIMIT)]
-        self.cache.put(self.key, [{"schedule": schedule_to_list(s), "source": src,
-                                   "peak": sim.peak, "time": sim.time}
-                                  for s, sim, src in front])
+        self.cache.put(self.key, encode_pool([(s, sim.peak, sim.time, src)
+                                              for s, sim, src in front]))
         return len(front)

@@ -42,11 +42,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hiremate.composer.menu_cache import decode_solve, encode_solve
 from hiremate.composer.menus import _progress, _runtime_free, solve_menus
 from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.ir.blocks import Candidate, TopProblem, make_blocks
 from hiremate.ir.graph import Graph, graph_key
-from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
+from hiremate.ir.schedule import Schedule
 from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
 from hiremate.units import fmt_bytes
 
@@ -123,7 +124,8 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     gkey = graph_key(graph)
     top_key = {"kind": "solve", "graph": gkey, "budget": int(budget), "config": _runtime_free(cfg)}
     pool = _schedule_pool(graph, gkey, cfg, cache)
-    cached = _cached_solution(graph, budget, cache.get(top_key), pool, start)
+    cached = _cached_solution(graph, budget, cache.get(top_key, decode=decode_solve), pool,
+                              start)
     if cached is not None:
         return cached
     ad = simulate(graph, autodiff_schedule(graph))
@@ -157,7 +159,7 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
         _raise_nothing_fits(graph, budget, cfg, found, ad.peak, flat_used, hier_used)
     best = _best(found, report, ad)
     report["solve_time"] = time.perf_counter() - start
-    cache.put(top_key, {"schedule": schedule_to_list(best.schedule), "report": report})
+    cache.put(top_key, encode_solve(best.schedule, report))
     return SolveResult(best.schedule, best.sim, report)
 
 
@@ -167,12 +169,12 @@ def _cached_solution(graph: Graph, budget: int, hit: Any, pool: Any,
     budget under the current costs (a faster pooled schedule replaces it)."""
     if hit is None:
         return None
-    sched = schedule_from_list(hit["schedule"])
+    sched, cached_report = hit
     sim = simulate(graph, sched)
     if not (sim.valid and sim.peak <= budget):
         log.warning("cached schedule no longer fits; solving again")
         return None
-    report = dict(hit["report"], solve_time=time.perf_counter() - start, cached=True)
+    report = dict(cached_report, solve_time=time.perf_counter() - start, cached=True)
     pooled = _pooled(pool, budget)
     if pooled and min(c.sim.time for c in pooled) < sim.time:
         best = min(pooled, key=lambda c: (c.sim.time, c.sim.peak))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from hiremate.errors import InvalidScheduleError
+
 
 @dataclass(frozen=True, slots=True)
 class Compute:
@@ -43,15 +45,29 @@ def schedule_to_list(schedule: Schedule) -> list[list[int | str | None]]:
 
 
 def schedule_from_list(items: list) -> Schedule:
+    """Inverse of :func:`schedule_to_list`; a malformed step raises
+    :class:`~hiremate.errors.InvalidScheduleError` naming it (the list may come from a file)."""
+    if not isinstance(items, (list, tuple)):
+        raise InvalidScheduleError(f"a schedule is a list of steps, got {type(items).__name__}; "
+                                   "write it with schedule_to_list")
     steps: list[Step] = []
-    for item in items:
-        if item[0] == "C":
+    for i, item in enumerate(items):
+        if (isinstance(item, (list, tuple)) and len(item) == 3 and item[0] == "C"
+                and _is_index(item[1]) and (item[2] is None or _is_index(item[2]))):
             steps.append(Compute(int(item[1]), None if item[2] is None else int(item[2])))
-        elif item[0] == "D":
+        elif isinstance(item, (list, tuple)) and len(item) == 2 and item[0] == "D" \
+                and _is_index(item[1]):
             steps.append(Delete(int(item[1])))
         else:
-            raise ValueError(f"unknown schedule step {item!r}")
+            raise InvalidScheduleError(
+                f"schedule step {i} is {item!r}, which is neither ['C', node, option or None] "
+                "nor ['D', data] with non-negative integer indices; write schedules with "
+                "schedule_to_list", step=i)
     return tuple(steps)
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def recomputations(schedule: Schedule) -> int:

@@ -25,7 +25,15 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
-from hiremate.errors import HiremateError, InputMismatchError, InvalidScheduleError
+from hiremate.errors import (
+    BackwardTwiceError,
+    ConfigError,
+    DoubleBackwardError,
+    InputMismatchError,
+    InvalidGraphError,
+    InvalidScheduleError,
+    ModifiedInPlaceError,
+)
 from hiremate.runtime.codegen import Program, generate, generate_inference, split_schedule
 from hiremate.runtime.io import InputChecker, derive_output_spec
 from hiremate.runtime.rng import CallState
@@ -36,14 +44,6 @@ from hiremate.ir.schedule import Compute, Schedule
 from hiremate.ir.simulator import SimulationResult, simulate
 
 log = logging.getLogger(__name__)
-
-
-class DoubleBackwardError(HiremateError):
-    """Backward through a RematModule was asked to build a graph (``create_graph=True``)."""
-
-
-class BackwardTwiceError(HiremateError):
-    """The backward of one RematModule call ran a second time (``retain_graph=True``)."""
 
 
 class RematModule(torch.nn.Module):
@@ -65,10 +65,10 @@ class RematModule(torch.nn.Module):
                  = "raise", max_others: int | None = None):
         super().__init__()
         if on_mismatch != "raise" and not callable(on_mismatch):
-            raise HiremateError(f"on_mismatch must be 'raise' or a callable, got {on_mismatch!r}")
+            raise ConfigError(f"on_mismatch must be 'raise' or a callable, got {on_mismatch!r}")
         if max_others is not None and (isinstance(max_others, bool) or
                                        not isinstance(max_others, int) or max_others < 1):
-            raise HiremateError(f"max_others must be None or an integer >= 1, got {max_others!r}")
+            raise ConfigError(f"max_others must be None or an integer >= 1, got {max_others!r}")
         self.model = model
         self._graph = graph
         self._schedule = _complete(graph, tuple(schedule))
@@ -140,7 +140,7 @@ class RematModule(torch.nn.Module):
             owner = self.model.get_submodule(prefix)
             table = owner._parameters if kind == "param" else owner._buffers
             if table.get(attr) is None:
-                raise HiremateError(
+                raise InvalidGraphError(
                     f"the model has no {'parameter' if kind == 'param' else 'buffer'} {name!r} "
                     "that the graph names; build the graph from this model"
                 )
@@ -295,7 +295,7 @@ class _RematFunction(torch.autograd.Function):
         ctx.versions = None
         for t, v in zip(watched, versions):
             if t._version != v:
-                raise RuntimeError(
+                raise ModifiedInPlaceError(
                     f"a tensor of shape {tuple(t.shape)} that the backward of a RematModule "
                     f"call needs (an input, a parameter or an output) was modified in place "
                     f"after the call (version {t._version} instead of {v}); call the module "

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hiremate.errors import ConfigError
 from hiremate.runtime.measurement import Measurement, measure
 from hiremate.sweep.spec import PEERS, SweepSpec
 from hiremate.zoo import output_loss, split_sample
@@ -316,7 +317,9 @@ def run_method(method: str, model: nn.Module, sample: Any, spec: SweepSpec, budg
     if method == "checkpoint_sequential":
         return run_checkpoint_sequential(model, sample, spec, twin)
     if budget is None or fraction is None:
-        raise ValueError(f"method {method!r} needs a budget")
+        raise ConfigError(f"method {method!r} needs a budget; give the sweep's budgets, or "
+                          "use a method that runs without one (eager, checkpoint, "
+                          "checkpoint_sequential)")
     if method == "compile":
         return run_compile(model, sample, spec, fraction, twin)
     assert method not in PEERS

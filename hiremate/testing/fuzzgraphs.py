@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from hiremate.errors import InvalidGraphError
 from hiremate.ir.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind
 
 #: sizes at the edges of what a tensor can be: empty, and a terabyte
@@ -55,11 +56,12 @@ class FuzzSpec:
 
 
 def check_spec(spec: FuzzSpec) -> None:
-    """Raise ``ValueError`` when the spec reads a value that does not exist (yet)."""
+    """Raise :class:`InvalidGraphError` (a ``ValueError``) when the spec reads a value that does
+    not exist (yet)."""
     if not spec.ops:
-        raise ValueError("a spec needs at least one op")
+        raise InvalidGraphError("a spec needs at least one op")
     if len(spec.input_sizes) != len(spec.input_grad) or not spec.input_sizes:
-        raise ValueError("input_sizes and input_grad must be non-empty and of equal length")
+        raise InvalidGraphError("input_sizes and input_grad must be non-empty and of equal length")
 
     def exists(v: Value, before: int) -> bool:
         j, m = v
@@ -69,17 +71,17 @@ def check_spec(spec: FuzzSpec) -> None:
 
     for i, op in enumerate(spec.ops):
         if not op.sizes:
-            raise ValueError(f"op {i} has no output")
+            raise InvalidGraphError(f"op {i} has no output")
         for v in op.inputs + op.soft_inputs:
             if not exists(v, i):
-                raise ValueError(f"op {i} reads {v}, which is not an earlier value")
+                raise InvalidGraphError(f"op {i} reads {v}, which is not an earlier value")
         if any(not 0 <= m < len(op.sizes) for m in op.saved_outputs):
-            raise ValueError(f"op {i} saves an output it does not have")
+            raise InvalidGraphError(f"op {i} saves an output it does not have")
     for v in spec.outputs:
         if v[0] < 0 or not exists(v, len(spec.ops)):
-            raise ValueError(f"graph output {v} is not an op output")
+            raise InvalidGraphError(f"graph output {v} is not an op output")
     if not spec.outputs:
-        raise ValueError("a spec needs at least one graph output")
+        raise InvalidGraphError("a spec needs at least one graph output")
 
 
 def graph_from_spec(spec: FuzzSpec) -> Graph:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from hiremate.errors import InvalidGraphError
 from hiremate.ir.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind
 
 
@@ -57,7 +58,7 @@ def graph_from_dag(
     for i, op in enumerate(ops):
         for j in op.inputs:
             if j >= i:
-                raise ValueError(f"op {i} reads op {j}: inputs must come earlier")
+                raise InvalidGraphError(f"op {i} reads op {j}: inputs must come earlier")
             if j >= 0:
                 consumers[j].append(i)
     if outputs is None:

@@ -65,10 +65,12 @@ def register(
 
     def decorate(build: Builder) -> Builder:
         if name in _REGISTRY:
-            raise ValueError(f"zoo model {name!r} is registered twice")
+            raise ConfigError(f"zoo model {name!r} is registered twice; give the new model "
+                              "another name")
         unknown = set(defaults) - set(SCALE_ARGS)
         if unknown:
-            raise ValueError(f"zoo model {name!r}: unknown scale arguments {sorted(unknown)}")
+            raise ConfigError(f"zoo model {name!r}: unknown scale arguments {sorted(unknown)}; "
+                              f"the scale arguments are {', '.join(SCALE_ARGS)}")
         _REGISTRY[name] = ModelSpec(
             name=name,
             build=build,

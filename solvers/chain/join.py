@@ -41,6 +41,8 @@ from typing import Callable
 
 import numpy as np
 
+from hiremate.errors import SolverError
+
 from hiremate.solvers.chain.model import Chain
 from hiremate.solvers.chain.rotor import DEFAULT_SLOTS, PersistentTable, StageModel
 from hiremate.ir.simulator import autodiff_schedule, simulate
@@ -481,7 +483,8 @@ def _emit_table(em: _Emitter, table: JoinTable, s, f, m: int) -> None:
                      lambda s2, f2, sh: _emit_table(em, table, s2, f2, m - int(sh)),
                      lambda q, a, b, off: _rotor_ops(table.rev[q], a, b, m - int(off)))
         return
-    raise AssertionError(f"join DP: no choice reaches J[{s},{f}][{m}] = {target}")
+    raise SolverError(f"join DP: no choice reaches J[{s},{f}][{m}] = {target} (a bug in "
+                      "hiremate; please report it)")
 
 
 def _emit_min(em: _Emitter, mm: _MinMemory, s, f) -> None:
@@ -491,7 +494,8 @@ def _emit_min(em: _Emitter, mm: _MinMemory, s, f) -> None:
             _emit_choice(em, choice, s, f, subs, lambda s2, f2, sh: _emit_min(em, mm, s2, f2),
                          lambda q, a, b, off: _rotor_min_ops(mm.rmin[q], a, b))
             return
-    raise AssertionError("join minimum-memory pass: lost its choice")
+    raise SolverError("join minimum-memory pass: lost its choice (a bug in hiremate; please "
+                      "report it)")
 
 
 def _emit_choice(em: _Emitter, choice, s, f, subs, sub_join, rev_ops) -> None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
+from hiremate.errors import InfeasibleBudgetError
+
 
 @dataclass(frozen=True)
 class JoinCosts:
@@ -119,7 +121,8 @@ def _single_ops(chain: int, start: int, l: int, c: int, costs: JoinCosts) -> lis
         return [JoinOp("Fb", chain, start)]
     val, i = _single(l, c, costs)
     if not math.isfinite(val):
-        raise ValueError(f"single chain of length {l} does not fit in {c} slots")
+        raise InfeasibleBudgetError(f"a single chain of length {l} does not fit in {c} slots; "
+                                    "give more slots")
     ops = [JoinOp("S", chain, start)] + [JoinOp("F", chain, start + q) for q in range(i)]
     ops += _single_ops(chain, start + i, l - i, c - 1, costs)
     ops += _single_ops(chain, start, i - 1, c, costs)
@@ -128,11 +131,13 @@ def _single_ops(chain: int, start: int, l: int, c: int, costs: JoinCosts) -> lis
 
 def join_sequence(lengths: Sequence[int], c: int, costs: JoinCosts = JoinCosts(),
                   keep: Sequence[int] | None = None) -> list[JoinOp]:
-    """Operations of an optimal schedule (``ValueError`` when ``c`` slots are too few)."""
+    """Operations of an optimal schedule (:class:`InfeasibleBudgetError`, a ``ValueError``,
+    when ``c`` slots are too few)."""
     ell = tuple(lengths)
     b = tuple(keep) if keep is not None else (0,) * len(ell)
     if not math.isfinite(_join(ell, c, b, costs)[0]):
-        raise ValueError(f"the join {list(ell)} does not fit in {c} slots")
+        raise InfeasibleBudgetError(f"the join {list(ell)} does not fit in {c} slots; give "
+                                    "more slots")
     return _join_ops(ell, (0,) * len(ell), c, b, costs)
 
 

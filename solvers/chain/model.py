@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple, Sequence
 
+from hiremate.errors import InvalidGraphError, InvalidScheduleError, SolverError
+
 
 class OpKind(str, Enum):
     """Kind of a chain operation."""
@@ -80,7 +82,8 @@ def parse_ops(text: str) -> tuple[ChainOp, ...]:
                 ops.append(ChainOp(kind, int(token[len(kind.value):])))
                 break
         else:
-            raise ValueError(f"cannot parse chain operation {token!r}")
+            raise InvalidScheduleError(f"cannot parse chain operation {token!r}; write "
+                                       "operations as Fck<k>, Fe<k>, Fall<k> or B<k>")
     return tuple(ops)
 
 
@@ -113,16 +116,17 @@ class Chain:
     def __post_init__(self) -> None:
         n = len(self.fwd_time)
         if n < 1:
-            raise ValueError("a chain needs at least one stage (the loss stage)")
+            raise InvalidGraphError("a chain needs at least one stage (the loss stage)")
         for name, length in (("bwd_time", n), ("xbar", n), ("fwd_overhead", n),
                              ("bwd_overhead", n), ("x", n + 1), ("delta", n + 1)):
             if len(getattr(self, name)) != length:
-                raise ValueError(f"Chain.{name} has {len(getattr(self, name))} entries, "
-                                 f"expected {length} for {n} stages")
+                raise InvalidGraphError(f"Chain.{name} has {len(getattr(self, name))} "
+                                        f"entries, expected {length} for {n} stages")
         for name in ("fwd_time", "bwd_time", "x", "xbar", "delta", "fwd_overhead",
                      "bwd_overhead"):
             if any(v < 0 for v in getattr(self, name)):
-                raise ValueError(f"Chain.{name} has a negative entry")
+                raise InvalidGraphError(f"Chain.{name} has a negative entry; times and sizes "
+                                        "are non-negative")
         object.__setattr__(self, "fwd_time", tuple(self.fwd_time))
         for name in ("bwd_time", "x", "xbar", "delta", "fwd_overhead", "bwd_overhead"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -168,7 +172,7 @@ class ChainState(NamedTuple):
     mem: float
 
 
-class ChainStepError(ValueError):
+class ChainStepError(InvalidScheduleError):
     """An operation cannot run in the given state."""
 
 
@@ -291,7 +295,8 @@ def solution(chain: Chain, ops: Sequence[ChainOp], budget: float) -> ChainSoluti
     """Wrap ``ops`` after checking them with the chain simulator (a solver bug otherwise)."""
     result = simulate_chain(chain, ops)
     if not result.valid:
-        raise AssertionError(f"chain solver produced an invalid sequence: {result.error}")
+        raise SolverError(f"the chain solver produced an invalid sequence ({result.error}): a "
+                          "bug in hiremate; please report it")
     return ChainSolution(tuple(ops), result.makespan, result.peak, budget)
 
 
@@ -434,7 +439,8 @@ def ops_to_schedule(gc: GraphChain, ops: Sequence[ChainOp]):
             elif j >= 1:
                 drop([gc.act[j]])
     if state.grad != 0:
-        raise ValueError("the chain sequence does not compute δ^0")
+        raise InvalidScheduleError("the chain sequence does not compute δ^0, so it is no "
+                                   "complete forward and backward; check it with simulate_chain")
     steps.extend(Compute(node) for node in gc.tail)
     if gc.tail:
         drop(gc.grad[0])

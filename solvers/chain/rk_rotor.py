@@ -33,7 +33,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from hiremate.errors import InfeasibleBudgetError, InvalidGraphError, SolverError
+
 from hiremate.ir.option import Option, pareto_front
+from hiremate.solvers.chain.model import ChainStepError
 from hiremate.solvers.chain.rotor import (
     DEFAULT_SLOTS, PersistentTable, StageModel, _discretise, min_memory,
 )
@@ -70,12 +73,12 @@ class BlockChain:
 
     def __post_init__(self) -> None:
         if len(self.x) != len(self.blocks) + 1:
-            raise ValueError(f"BlockChain: {len(self.blocks)} blocks need {len(self.blocks) + 1} "
-                             f"activation sizes, got {len(self.x)}")
+            raise InvalidGraphError(f"BlockChain: {len(self.blocks)} blocks need "
+                                    f"{len(self.blocks) + 1} activation sizes, got {len(self.x)}")
         if any(not b.options for b in self.blocks):
-            raise ValueError("BlockChain: every block needs at least one option")
+            raise InvalidGraphError("BlockChain: every block needs at least one option")
         if self.g is not None and len(self.g) != len(self.x):
-            raise ValueError("BlockChain: g must have one entry per activation")
+            raise InvalidGraphError("BlockChain: g must have one entry per activation")
 
     @property
     def L(self) -> int:  # noqa: N802 - the paper's name
@@ -164,26 +167,26 @@ def initial_block_state(bc: BlockChain) -> BlockState:
 
 
 def block_step(bc: BlockChain, st: BlockState, op: BlockOp) -> tuple[BlockState, float, float]:
-    """Run ``op``: the new state, the memory while it runs, and its time; ``ValueError``
-    when it cannot run."""
+    """Run ``op``: the new state, the memory while it runs, and its time;
+    :class:`ChainStepError` (a ``ValueError``) when it cannot run."""
     L, x, g = bc.L, bc.x, bc.grads
     i = op.block
     have = lambda k: k == 0 or k in st.plain or (k <= L and st.bar[k] is not None)  # noqa
     if op.kind == "Loss":
         if i != L + 1 or st.grad != L + 1 or not have(L):
-            raise ValueError(f"{op}: the loss needs a^{L} and must run once")
+            raise ChainStepError(f"{op}: the loss needs a^{L} and must run once")
         during = st.mem + g[L]
         plain, mem = st.plain, st.mem + g[L] + bc.kept_after_loss
         if L in plain and L > 0:
             plain, mem = plain - {L}, mem - x[L]
         return BlockState(plain, st.bar, L, mem), during, bc.loss_time
     if not 1 <= i <= L:
-        raise ValueError(f"{op}: there is no block {i}")
+        raise ChainStepError(f"{op}: there is no block {i}")
     blk = bc.blocks[i - 1]
     if op.kind == "B":
         o = op.option
         if st.grad != i or st.bar[i] != o or not have(i - 1):
-            raise ValueError(f"{op}: needs δ^{i}, Fn{i}[{o}]'s values and a^{i - 1}")
+            raise ChainStepError(f"{op}: needs δ^{i}, Fn{i}[{o}]'s values and a^{i - 1}")
         opt = blk.options[o]
         during = st.mem + opt.bwd_peak + g[i - 1]
         mem = st.mem - x[i] - opt.phantom - g[i] + g[i - 1]
@@ -193,9 +196,9 @@ def block_step(bc: BlockChain, st: BlockState, op: BlockOp) -> tuple[BlockState,
             plain, mem = plain - {i - 1}, mem - x[i - 1]
         return BlockState(plain, bar, i - 1, mem), during, opt.bwd_time
     if not have(i - 1):
-        raise ValueError(f"{op}: needs a^{i - 1}")
+        raise ChainStepError(f"{op}: needs a^{i - 1}")
     if st.bar[i] is not None:
-        raise ValueError(f"{op}: block {i} already holds an option's forward values")
+        raise ChainStepError(f"{op}: block {i} already holds an option's forward values")
     if op.kind == "Fn":
         opt = blk.options[op.option]
         during = st.mem + x[i] + max(opt.fwd_peak, opt.phantom)
@@ -206,9 +209,9 @@ def block_step(bc: BlockChain, st: BlockState, op: BlockOp) -> tuple[BlockState,
         bar = st.bar[:i] + (op.option,) + st.bar[i + 1:]
         return BlockState(plain, bar, st.grad, mem), during, opt.fwd_time
     if op.kind not in ("Fe", "Fc"):
-        raise ValueError(f"unknown block operation {op.kind!r}")
+        raise ChainStepError(f"unknown block operation {op.kind!r}")
     if i in st.plain:
-        raise ValueError(f"{op}: a^{i} is already stored")
+        raise ChainStepError(f"{op}: a^{i} is already stored")
     t, ovh = blk.no_save_forward()
     during = st.mem + x[i] + ovh
     plain, mem = st.plain | {i}, st.mem + x[i]
@@ -257,19 +260,22 @@ def block_min_budget(bc: BlockChain) -> float:
 
 def solve_blocks(bc: BlockChain, budget: float, slots: int = DEFAULT_SLOTS) -> BlockSolution:
     """Optimal persistent block sequence within ``budget`` (``x[0]`` included; sizes rounded
-    up to ``(budget - x[0]) / slots``). ``ValueError`` when nothing fits."""
+    up to ``(budget - x[0]) / slots``). :class:`InfeasibleBudgetError` when nothing fits."""
     model = bc.stage_model()
     avail = budget - bc.x[0]
     exact_min, min_ops = min_memory(model)
     if avail < exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
-        raise ValueError(f"budget {budget} is below the minimum {bc.x[0] + exact_min}")
+        low = bc.x[0] + exact_min
+        raise InfeasibleBudgetError(f"budget {budget} is below the minimum {low} of this block "
+                                    "chain; raise the budget", min_budget=math.ceil(low))
     scaled, S = _discretise(model, avail, slots)
     table = PersistentTable(scaled, S)
     seq = table.sequence() if np.isfinite(table.cost(1, model.n)[S]) else min_ops
     ops = _block_ops(seq, bc.L)
     res = simulate_blocks(bc, ops)
     if not res.valid or res.peak > budget * (1 + 1e-9) + 1e-9:
-        raise AssertionError(f"rk-Rotor produced a bad sequence: {res}")
+        raise SolverError(f"rk-Rotor produced a bad sequence ({res}): a bug in hiremate; "
+                          "please report it")
     return BlockSolution(tuple(ops), res.makespan, res.peak, budget)
 
 

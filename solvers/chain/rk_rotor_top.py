@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from hiremate.errors import SolverError
 from hiremate.ir.blocks import Candidate, TopProblem, flatten, long_lived
 from hiremate.ir.graph import COUNTED_KINDS, DataKind, Graph
 from hiremate.ir.schedule import Schedule
@@ -168,7 +169,7 @@ class RkRotorTop:
                 if sim.valid:
                     lowest = sim.peak
                     lo_ok = low if sim.peak <= budget else None
-            except (ValueError, AssertionError) as exc:
+            except (ValueError, AssertionError, SolverError) as exc:
                 log.warning("rk-Rotor min-memory sequence failed: %s", exc)
             if lo_ok is not None:
                 a, b = lo_ok, hi
@@ -180,7 +181,7 @@ class RkRotorTop:
                     guess = None
                     try:
                         sol = solve_blocks(bc, mid, slots)
-                    except (ValueError, AssertionError) as exc:
+                    except (ValueError, AssertionError, SolverError) as exc:
                         log.debug("rk-Rotor at %s: %s", mid, exc)
                         a = mid
                         continue

@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from hiremate.errors import InfeasibleBudgetError, SolverError
+
 from hiremate.solvers.chain.model import (
     B, Chain, ChainGraphSolver, ChainOp, ChainSolution, F_all, F_ck, F_e, simulate_chain,
     solution, store_all_ops,
@@ -247,7 +249,8 @@ class PersistentTable:
         n = md.n
         m = self.slots if m is None else int(m)
         if not np.isfinite(self.cost(1, n)[m]):
-            raise ValueError("no persistent sequence fits in this memory")
+            raise InfeasibleBudgetError(f"no persistent sequence fits in {m} memory slots; "
+                                        "raise the budget")
         out: list[tuple] = []
         stack: list[tuple] = [("solve", 1, n, m)]
         while stack:
@@ -297,7 +300,8 @@ class PersistentTable:
                 if val < best[0]:
                     best = (val, ("ck", sp))
         if not best[1] or not np.isfinite(best[0]):
-            raise AssertionError(f"persistent DP: no choice reaches C[{s},{t},{m}]={target}")
+            raise SolverError(f"persistent DP: no choice reaches C[{s},{t},{m}]={target} (a bug "
+                              "in hiremate; please report it)")
         return best[1]
 
 
@@ -387,14 +391,16 @@ def persistent_min_budget(chain: Chain) -> float:
 
 def solve_persistent(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) -> ChainSolution:
     """Optimal persistent sequence (Algorithms 3-4) within ``budget`` (chain units, ``x[0]``
-    included). Raises ``ValueError`` when no persistent sequence fits."""
+    included). Raises :class:`InfeasibleBudgetError` (a ``ValueError``) when no persistent
+    sequence fits."""
     model = StageModel.from_chain(chain)
     avail = budget - chain.x[0]
     exact_min, min_ops = min_memory(model)
     # relative float tolerance, capped below a byte: 2**40-byte sizes must not let a byte slip
     if avail < exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
-        raise ValueError(f"budget {budget} is below the persistent minimum "
-                         f"{chain.x[0] + exact_min}")
+        low = chain.x[0] + exact_min
+        raise InfeasibleBudgetError(f"budget {budget} is below the persistent minimum {low}; "
+                                    "raise the budget", min_budget=math.ceil(low))
     store = store_all_ops(chain)
     if simulate_chain(chain, store).peak <= budget:  # nothing to recompute: skip rounding
         return solution(chain, store, budget)
@@ -515,7 +521,8 @@ class WeakTable:
     def sequence(self) -> list[tuple]:
         n = self.md.n
         if not np.isfinite(self.get(1, 1, n)[self.S]):
-            raise ValueError("no sequence fits in this memory")
+            raise InfeasibleBudgetError(f"no sequence fits in {self.S} memory slots; raise "
+                                        "the budget")
         out: list[tuple] = []
         stack: list[tuple] = [("solve", 1, 1, n, self.S)]
         while stack:
@@ -552,7 +559,8 @@ class WeakTable:
             if val < best[0]:
                 best = (val, [("Fe", j) for j in range(s, r)] + [("solve", r, t, ell, m - k)])
         if not best[1] or not np.isfinite(best[0]):
-            raise AssertionError(f"weak DP: no choice reaches C_FL[{s},{t},{ell},{m}]")
+            raise SolverError(f"weak DP: no choice reaches C_FL[{s},{t},{ell},{m}] (a bug in "
+                              "hiremate; please report it)")
         return best[1]
 
 
@@ -576,7 +584,9 @@ def solve_weak(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) -> Chain
     exact_min, min_ops = min_memory(model)
     if avail >= exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
         return solution(chain, _to_chain_ops(min_ops), budget)
-    raise ValueError(f"budget {budget} is below the minimum {chain.x[0] + exact_min}")
+    low = chain.x[0] + exact_min
+    raise InfeasibleBudgetError(f"budget {budget} is below the minimum {low}; raise the budget",
+                                min_budget=math.ceil(low))
 
 
 # -- graph-level solvers -----------------------------------------------------------------------

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from hiremate.errors import InfeasibleBudgetError
+from hiremate.errors import ConfigError, InfeasibleBudgetError, SolverError
 from hiremate.ir.graph import FINAL_KINDS, SOURCE_KINDS, Graph
 from hiremate.ir.option import Option, pareto_front
 from hiremate.ir.schedule import Schedule
@@ -247,11 +247,12 @@ class FastSA:
                  time_limit: float = 25.0, gap: int = 3, grouping: bool = True,
                  move_window: int = 64, max_nodes: int = 20_000, accelerate: str = "auto"):
         if accelerate not in ("auto", "numba", "python"):
-            raise ValueError(f"FastSA(accelerate={accelerate!r}): use 'auto' (numba when "
-                             "installed), 'numba' or 'python'")
+            raise ConfigError(f"FastSA(accelerate={accelerate!r}): use 'auto' (numba when "
+                              "installed), 'numba' or 'python'")
         if accelerate == "numba" and not fastsa_accel.available():
-            raise ImportError("FastSA(accelerate='numba') needs numba: pip install "
-                              "'hiremate[fast]' (or accelerate='auto' to fall back to Python)")
+            raise ConfigError("FastSA(accelerate='numba') needs numba, which is not installed: "
+                              "pip install 'hiremate[fast]' (or accelerate='auto' to fall back "
+                              "to Python)")
         self.seed = seed
         self.iters_grouped = iters_grouped
         self.iters_fine = iters_fine
@@ -529,7 +530,8 @@ class FastSA:
             if best is None or key < best[0]:
                 best = (key, seq, res.peak, res.time)
         if best is None:
-            raise RuntimeError("FastSA: no valid sequence (a bug)")
+            raise SolverError("FastSA found no valid sequence (a bug in hiremate; please "
+                              "report it)")
         return best[1], best[2], best[3]
 
     # -- solver protocol ---------------------------------------------------------------------
