@@ -1,20 +1,19 @@
-"""The glue between partition, solvers and the full graph: blocks, menus, the top-level solve.
+"""The top-level solve: the flat path, the hierarchical path over blocks, the best candidate.
 
-What runs (honestly, as implemented):
+What runs:
 
 1. **Flat path** (graphs of at most ``flat_max_nodes`` compute nodes): every ``flat`` solver of
    the configuration schedules the whole graph (H-ILP = rk-Checkmate with a time limit, TW-Remat,
    FastSA, Rotor on chain-shaped graphs, autodiff).
 2. **Hierarchical path**: the partitioner's *top level* gives the blocks (each a top-level part,
    a forward node or a subgraph, flattened to its original nodes). Every block becomes a CD-graph
-   of its own (:func:`extract`): its forward nodes, a loss node standing for the rest of the model
+   of its own (:func:`hiremate.ir.blocks.extract`): its forward nodes, a loss node standing for the rest of the model
    (it reads the block's outputs and produces the gradients that flow in), and its backward
    nodes. Backward nodes without a forward partner join the block whose data they read (or stay
    at the top level, run as soon as their inputs exist). Blocks with equal canonical graphs are
    solved once; each ``bottom`` solver gives a menu, the menus are merged (Pareto front) and cut
-   to ``n_options`` (farthest peaks). A ``top`` composer (rk-Rotor, Rockmate appendix C) then
-   schedules the sequence of blocks with their menus: rk-Rotor (Rockmate appendix C: the
-   blocks as a chain) and/or the hierarchical H-ILP (``hilp-top``,
+   to ``n_options`` (farthest peaks). A ``top`` composer then schedules the sequence of blocks with
+   their menus: rk-Rotor (Rockmate, appendix C: the blocks as a chain) and/or the hierarchical H-ILP (``hilp-top``,
    :mod:`hiremate.solvers.hilp.top`: a MILP over the blocks' forward and backward
    nodes with options and phantoms, any dependency shape between blocks); every composer's
    candidates are simulated and the fastest valid one within the budget wins.
@@ -32,7 +31,7 @@ Values read beyond a chain of blocks (a constant such as an attention mask, whic
 partitioner hoists into a first block and every layer's block reads as an input; a gradient
 that a tail node sums at the end) stay alive across the blocks in between. ``hilp-top`` models
 them exactly (they are data nodes of its top graph); rk-Rotor's chain model counts them over
-their span (:func:`long_lived`), so its abstract peak bounds the simulated one.
+their span (:func:`hiremate.ir.blocks.long_lived`), so its abstract peak bounds the simulated one.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Options: the ways one subgraph can be scheduled, as a menu for the level above.
 
-An option (``papers/hiremate-hierarchical.txt`` B.1) is a pair of sub-schedules over the
+An option (HiRemate, appendix B.1) is a pair of sub-schedules over the
 subgraph's own CD-graph: the forward part runs the subgraph's forward and keeps some values
 (the *phantom*) for the backward part; the backward part produces the gradients of the
 subgraph's inputs. The level above sees only the costs recorded here.

@@ -344,7 +344,7 @@ def generate(graph: Graph, schedule: tuple[Step, ...], device: torch.device
     cut = split_schedule(graph, schedule)
     ns = _namespace()
     fwd = _Emitter(graph, sources, ns, device, "fwd")
-    # a random node that runs once needs no saved generator state (5 KiB on CPU each, memory
+    # a random node that runs once needs no saved generator state (a few KiB each, memory
     # the cost model does not count); only recomputed ones replay theirs
     runs = Counter(step.node for step in schedule if isinstance(step, Compute))
     fwd.rng_index = {k: i for k, i in fwd.rng_index.items() if runs[k] > 1}

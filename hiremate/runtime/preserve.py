@@ -3,7 +3,7 @@
 Building a wrapper runs the model for real more than once (cost measurement, the output
 structure, calibration with :func:`hiremate.measure`), and a real run of a model in training
 mode writes its buffers (BatchNorm's running statistics and ``num_batches_tracked``) and draws
-from the global random generators (dropout). DESIGN.md ("Memory accounting") promises that
+from the global random generators (dropout). The wrapper promises (docs/design.md, "The executor") that
 building never changes them: :func:`preserved` is the one place that keeps that promise, used
 once around the whole build by :class:`hiremate.HRockmate` (and around every re-capture for a
 new input shape), and around its runs by :func:`hiremate.measure`.

@@ -54,6 +54,6 @@ def rng_restore(token: tuple[CallState, tuple[Any, Any]]) -> None:
 
 
 def rng_release(call: CallState, k: int) -> None:
-    """After the last recomputation of random node ``k``: its saved states (5 KiB on CPU) are
+    """After the last recomputation of random node ``k``: its saved states (a few KiB each) are
     not needed any more."""
     call.rng.pop(k, None)

@@ -39,9 +39,8 @@ class RkRotorTop:
         """Slots of the DP's memory grid for a chain of ``n_blocks``: ``slots``, raised to
         ``SLOTS_PER_BLOCK`` per block. The DP rounds each stored size up to a slot, and a
         persistent sequence may store a boundary of every block at once, so a grid fixed for
-        a few blocks wastes a growing share of the budget on a long chain (GPT-2 with 96
-        layers, 197 blocks of half a layer, measured costs, 50%: 1.68x the autodiff time with
-        300 slots, 1.38x with 1,000 and the same with 2,000)."""
+        a few blocks wastes a growing share of the budget on a long chain (docs/benchmarks.md,
+        "Figures that used to live in docstrings")."""
         return max(int(self.slots), self.SLOTS_PER_BLOCK * n_blocks)
 
     def applicable(self, graph: Graph) -> bool:
@@ -121,14 +120,13 @@ class RkRotorTop:
         """Candidates within ``budget`` (simulated), and the smallest peak a candidate reached
         (the min-memory sequence's), which a later call at that budget meets again.
 
-        The DP's memory model bounds the full graph's memory from above (:func:`long_lived`)
+        The DP's memory model bounds the full graph's memory from above (:func:`hiremate.ir.blocks.long_lived`)
         but is not tight (the translation frees each value at its last read), so the abstract
         budget handed to the DP is searched: the highest one whose translated schedule fits
         ``budget`` is wanted (bisection between the DP's minimum and the store-everything
         sequence's abstract peak, ``retries`` steps). The simulated peak is a step function of
-        the abstract budget, and each step costs one DP and one simulation: GPT-2 with 96
-        layers at 50% stopped at 0.42 of the autodiff peak (1.21x its time) after 6 steps and
-        reached 0.46 (1.20x) after 12."""
+        the abstract budget, and each step costs one DP and one simulation, so ``retries``
+        trades solve time for a schedule closer to the budget."""
         from hiremate.solvers.chain.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
 
         bc = self.block_chain(problem)

@@ -3,8 +3,8 @@
 Why: a block's menu is solved before the level above is known, over a fixed grid of
 ``(M_peak, M_save)`` budgets, so the option that would fit the memory the rest of the model
 leaves to the block is often missing; the top level then takes the next smaller option and
-recomputes more than it needs (zoo ``unet``: the menu's phantoms jump from 320 KiB to 488 KiB,
-while the flat H-ILP's schedule keeps about 408 KiB for that block).
+recomputes more than it needs (on the zoo's U-Net the menu's phantoms jump past what the flat
+H-ILP keeps for the same block; docs/benchmarks.md has the figures).
 
 What: after a top-level solve, the chosen schedule of the full graph (simulated) says how much
 memory each large block had to spare: below the budget during the runs of its forward part
