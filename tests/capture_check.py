@@ -1,4 +1,4 @@
-"""The acceptance check of issue 16 on one case of ``capture_zoo``, shared by the test and the
+"""The capture acceptance check on one case of ``capture_zoo``, shared by the test and the
 table (``bench/capture_models.py``), so both measure the same things the same way.
 
 :func:`check_case` runs, in order:

@@ -1,4 +1,4 @@
-"""The models users bring (issue 16): one builder per model, for the capture acceptance test
+"""The models users bring: one builder per model, for the capture acceptance test
 (``tests/test_capture_models.py``) and its table (``bench/capture_models.py``, ``docs/models.md``).
 
 Each builder returns ``(model, sample, loss_fn)``: the model in float64 and training mode, the

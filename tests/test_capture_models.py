@@ -1,17 +1,16 @@
-"""Issue 16, "capture the models users bring": every model of ``capture_zoo`` captured, solved at
+"""Capture the models users bring: every model of ``capture_zoo`` captured, solved at
 0.5 of its autodiff peak (or at the ``min_budget`` of a clear ``InfeasibleBudgetError``), its
 float64 loss and gradients equal to eager PyTorch's (relative 1e-10), ``.grad is None`` where
 eager's is, its measured peak at most the budget x 1.05, and its state (``state_dict`` bit for
 bit, training flags, torch RNG) untouched by the build. The checks live in ``capture_check.py``
 (shared with ``bench/capture_models.py``, which writes ``docs/models.md``).
 
-Default run (46 s for its 11 cases at bbf447d on a shared 2-core CPU, one intra-op thread;
-most of it the ViT blocks, LSTM and ViT): the cases built with ``default_run=True`` in
+Default run: the cases built with ``default_run=True`` in
 ``capture_zoo.CASES`` (ViT, Wav2Vec2's LayerDrop and SpecAugment errors, the timm-like blocks,
 LSTM, the in-place/BatchNorm models, both checkpoint models), with the default preset plus
 ``capture_zoo.FAST`` (HiGHS limited to 2 s per MILP, hilp-top to 5 s, rk-Rotor 100 slots, one
 process) and a fresh menu cache. Every other case is ``slow`` (``pytest -m slow
-tests/test_capture_models.py``; GPT2 alone takes 100 s with FAST) and runs the default preset
+tests/test_capture_models.py``) and runs the default preset
 as it is, with a fresh menu cache.
 timm cases skip, naming the import error, when ``import timm`` fails.
 """

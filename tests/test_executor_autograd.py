@@ -32,7 +32,7 @@ def _pair(name: str, schedule: str = "keep-half", dtype=torch.float64):
 
 
 def test_paper_example_two_calls_one_backward() -> None:
-    """papers/hiremate-hierarchical.txt C.2.2: y = linear(inp); z1 = m(y); z2 = m(x);
+    """HiRemate, appendix C.2.2: y = linear(inp); z1 = m(y); z2 = m(x);
     loss(z1 + z2).backward() gives eager's gradients everywhere."""
     model, _ = get_model("mlp")
     x = torch.randn(8, 32, dtype=torch.float64)

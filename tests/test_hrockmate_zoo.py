@@ -133,7 +133,7 @@ def test_gpt2_hoisted_mask_blocks_solve_and_gradients():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", zoo.names())
 def test_zoo_model_at_half_the_autodiff_peak(name, tmp_path):
-    """Feasible at 50% (the issue's acceptance for every zoo model). A zoo model whose single
+    """Feasible at 50% (required of every zoo model). A zoo model whose single
     node needs more than half the autodiff peak (``memory_floor``) fails here: that is a zoo
     defect (see the unet's 1x1 merge), not a case to skip."""
     from hiremate.solvers.hilp.flat import memory_floor

@@ -1,4 +1,4 @@
-"""Join DP (papers/join-networks.txt) against an exhaustive search of the pebble game."""
+"""Join DP (the join-networks paper) against an exhaustive search of the pebble game."""
 
 from __future__ import annotations
 
