@@ -7,6 +7,14 @@ and runs the schedule with the executor (``hiremate.runtime.executor.RematModule
 ``nn.Module`` to call instead of the model. ``save``/``load`` keep the graph and the schedule, so
 a later run skips capture and solving.
 
+The wrapper drops in for the model (:class:`hiremate.wrapper.ModelWrapper`): its parameters,
+buffers, ``state_dict`` keys, submodules and training flag are the model's own, and attributes
+it does not define (``config``, ``generate``, ``save_pretrained``...) are the model's. The
+schedule runs only where a backward may follow: with autograd recording and every module in
+the training mode it had at build. Under ``torch.no_grad()``/``inference_mode``, or after
+``eval()`` (of a wrapper built in training mode), the call is the model's plain forward, with
+the model's outputs and hooks.
+
 Building never changes the model (parameters, buffers, ``.grad``) or the global RNG states,
 although cost measurement and calibration run it for real: one guard
 (:func:`hiremate.runtime.preserve.preserved`) around the whole build keeps that promise whatever stage
@@ -36,6 +44,7 @@ from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
 from hiremate.ir.simulator import simulate
+from hiremate.wrapper import ModelWrapper
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +76,12 @@ class _Built:
     executor: Any  # a RematModule, or None when the executor is not installed
 
 
-class HRockmate(torch.nn.Module):
+def _modes(model: torch.nn.Module) -> tuple[bool, ...]:
+    """Every module's training flag, in ``modules()`` order: the mode a graph was captured in."""
+    return tuple(m.training for m in model.modules())
+
+
+class HRockmate(ModelWrapper):
     """``model`` rescheduled to fit ``budget`` (bytes, ``"512MiB"``, or a fraction of the
     autodiff peak); call it like the model. See the module docstring.
 
@@ -76,6 +90,12 @@ class HRockmate(torch.nn.Module):
     other shapes than ``sample`` is captured and solved again for them, once (config
     ``on_new_inputs``, ``max_shapes``); ``recaptures`` counts those builds and
     :meth:`variants` lists the ones kept.
+
+    The wrapper shares the model's parameters and names (``state_dict()`` and
+    ``named_parameters()`` keys are the model's), its mode (``train()``/``eval()``) and its
+    attributes; ``hiremate_config`` is the :class:`~hiremate.config.Config` it was built with,
+    ``wrapped_model`` the model. Calls without autograd, or in another training mode than at
+    build, run the model's plain forward (see the module docstring).
     """
 
     def __init__(self, model: torch.nn.Module, sample: Any, budget: int | float | str,
@@ -88,7 +108,7 @@ class HRockmate(torch.nn.Module):
         self._init_state(budget)
         with preserved(model):
             built = self._build(model, cfg, sample, budget)
-        self._adopt(built, cfg)
+        self._adopt(model, built, cfg)
 
     def _init_state(self, budget: int | float | str) -> None:
         # the budget as the user wrote it: a fraction is resolved again for every new shape
@@ -179,17 +199,30 @@ class HRockmate(torch.nn.Module):
         self._init_state(budget)
         with preserved(model):
             built = self._build(model, cfg, sample, budget, graph=graph)
-        self._adopt(built, cfg)
+        self._adopt(model, built, cfg)
         return self
 
     # -- construction ---------------------------------------------------------------------------
-    def _adopt(self, built: _Built, cfg: Config) -> None:
-        """Make ``built`` (the sample's) the module's graph, schedule, report and executor."""
-        self.graph = built.graph
-        self.schedule = built.schedule
-        self._report = built.report
-        self.config = cfg
-        self.executor = built.executor
+    def _adopt(self, model: torch.nn.Module, built: _Built, cfg: Config,
+               modes: tuple[bool, ...] | None = None) -> None:
+        """Make ``built`` (the sample's) the module's graph, schedule, report and executor, and
+        wrap ``model`` (``modes``: the training flags the graph was captured with, by default
+        the model's now)."""
+        self._own("graph", built.graph)
+        self._own("schedule", built.schedule)
+        self._own("_report", built.report)
+        self._own("hiremate_config", cfg)
+        # the executor is not a registered submodule: the model is not re-registered under it,
+        # and the state-dict keys stay the model's
+        self._own("executor", built.executor)
+        self._own("_built_modes", _modes(model) if modes is None else modes)
+        self._own("_mode_notes", set())
+        if not model.training:
+            log.warning("%s is in eval mode: the schedule serves calls in eval mode with autograd "
+                        "on; in training mode the model's plain forward runs, without the memory "
+                        "bound. Call model.train() before building to train within the budget",
+                        type(model).__name__)
+        self._wrap(model)
 
     def _make_executor(self, model, graph: Graph, schedule: Schedule, cfg: Config,
                        sample: Any = None, variant: bool = False):
@@ -200,7 +233,6 @@ class HRockmate(torch.nn.Module):
         except ImportError as exc:
             log.warning("hiremate.runtime.executor is not available (%s): the schedule is solved but "
                         "cannot run", exc)
-            object.__setattr__(self, "_model", model)
             return None
         if variant or cfg.on_new_inputs == "raise":
             return RematModule(model, graph, schedule, sample=sample)
@@ -214,7 +246,7 @@ class HRockmate(torch.nn.Module):
         result (at most ``max_shapes``, least recently used evicted)."""
         if args and kwargs:  # a sample is positional or keyword arguments, not both
             raise error
-        model = self.executor.model
+        model = self.wrapped_model
         sample = tuple(args) if args else dict(kwargs)
         live = {id(m) for m in self.executor.variants}  # drop the evicted ones' reports
         self._variant_reports = {m: r for m, r in self._variant_reports.items() if id(m) in live}
@@ -227,7 +259,8 @@ class HRockmate(torch.nn.Module):
             with torch.inference_mode(False), torch.enable_grad(), preserved(model):
                 sample = pytree.tree_map_only(
                     torch.Tensor, lambda t: t.clone() if t.is_inference() else t, sample)
-                built = self._build(model, self.config, sample, self._budget_arg, variant=True)
+                built = self._build(model, self.hiremate_config, sample, self._budget_arg,
+                                    variant=True)
         except InfeasibleBudgetError as exc:
             raise InfeasibleBudgetError(
                 f"new inputs ({error}) were captured again, but: {exc}",
@@ -258,10 +291,34 @@ class HRockmate(torch.nn.Module):
         return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's outputs: through the schedule when a backward may follow (autograd on,
+        the training flags as at build), else from the model's plain forward."""
+        model = self.wrapped_model
+        if not self._runs_schedule(model):
+            return model(*args, **kwargs)
         if self.executor is None:
             raise HiremateError("hiremate.runtime.executor is not installed in this build: the schedule "
                                 "was solved (see .report()) but cannot be run")
         return self.executor(*args, **kwargs)
+
+    def _runs_schedule(self, model: torch.nn.Module) -> bool:
+        """Whether a call runs the schedule: with autograd off no backward can follow, and in
+        another mode than at build the graph computes something else (dropout, BatchNorm)."""
+        if not torch.is_grad_enabled():
+            return False
+        if _modes(model) == self._built_modes:
+            return True
+        built_training = self._built_modes[0]
+        if model.training != built_training and model.training not in self._mode_notes:
+            self._mode_notes.add(model.training)
+            # training in another mode than the schedule's is worth a warning; a call with
+            # gradients in eval mode (a saliency map, say) is expected to run the plain model
+            level = logging.WARNING if model.training else logging.INFO
+            log.log(level, "%s is in %s mode but the schedule was built in %s mode: running its "
+                    "plain forward (no memory bound)", type(model).__name__,
+                    "training" if model.training else "eval",
+                    "training" if built_training else "eval")
+        return False
 
     # -- facts ------------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -276,7 +333,8 @@ class HRockmate(torch.nn.Module):
         payload = {
             "format": SAVE_FORMAT, "graph": self.graph.to_dict(),
             "schedule": schedule_to_list(self.schedule), "report": self._report,
-            "config": self.config.to_dict(), "budget_arg": self._budget_arg,
+            "config": self.hiremate_config.to_dict(), "budget_arg": self._budget_arg,
+            "training_modes": list(self._built_modes),
         }
         Path(path).write_text(json.dumps(payload, default=float))
 
@@ -300,6 +358,20 @@ class HRockmate(torch.nn.Module):
         cfg = Config.from_dict(payload["config"])
         # files saved before "budget_arg" existed: their budget in bytes (kept for new shapes)
         self._init_state(payload.get("budget_arg", report.get("budget")))
-        self._adopt(_Built(graph, tuple(schedule), report,
-                           self._make_executor(model, graph, tuple(schedule), cfg)), cfg)
+        modes = payload.get("training_modes")
+        # the flags the graph was captured with, where the file has them for this architecture
+        modes = (tuple(bool(m) for m in modes)
+                 if isinstance(modes, list) and len(modes) == len(_modes(model)) else None)
+        self._adopt(model, _Built(graph, tuple(schedule), report,
+                                  self._make_executor(model, graph, tuple(schedule), cfg)),
+                    cfg, modes)
         return self
+
+    def extra_repr(self) -> str:
+        rep = self._report
+        return (f"budget={rep.get('budget')}, predicted_peak={rep.get('predicted_peak')}, "
+                f"autodiff_peak={rep.get('autodiff_peak')}, steps={len(self.schedule)}")
+
+    def __repr__(self) -> str:
+        inner = repr(self.wrapped_model).replace("\n", "\n  ")
+        return f"HRockmate(\n  {self.extra_repr()}\n  (model): {inner}\n)"
