@@ -15,8 +15,9 @@ copied: an optimizer built on ``wrapper.parameters()`` trains the model.
 What else is the model's:
 
 - attributes the wrapper does not define are read from, written to and deleted on the model;
-- ``state_dict``/``load_state_dict``, ``_apply`` (``.to()``, ``.double()``...) and ``train``
-  call the model's own methods, so its overrides and hooks run; ``training`` is the model's flag;
+- ``state_dict``/``load_state_dict``, ``_apply`` (``.to()``, ``.double()``...), ``apply`` and
+  ``train`` call the model's own methods, so its overrides and hooks run; ``training`` is the
+  model's flag;
 - ``forward`` reports the model's forward signature to :func:`inspect.signature` (Hugging Face's
   ``Trainer`` keeps only the dataset columns the signature names).
 
@@ -160,6 +161,11 @@ class ModelWrapper(torch.nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> "ModelWrapper":
         self.wrapped_model._apply(fn, recurse)
+        return self
+
+    def apply(self, fn: Any) -> "ModelWrapper":
+        """``model.apply(fn)``: ``fn`` sees the model (not the wrapper) after its submodules."""
+        self.wrapped_model.apply(fn)
         return self
 
     def _get_name(self) -> str:

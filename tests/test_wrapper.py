@@ -179,6 +179,20 @@ def test_attributes_fall_through_to_the_model(rm):
     assert inspect.signature(rm.forward) == inspect.signature(model.forward)
 
 
+def test_module_methods_act_on_the_model(rm, x):
+    model = rm.wrapped_model
+    assert rm.float() is rm and model.gain.dtype == model.offset.dtype == torch.float32
+    rm.double()
+    seen: list[nn.Module] = []
+    assert rm.apply(seen.append) is rm
+    assert seen[-1] is model and len(seen) == len(list(model.modules()))
+    assert all(m is not rm for m in seen)
+    assert rm.get_submodule("body.0.0") is model.body[0][0]
+    train_step(rm, x, 1)
+    rm.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in model.parameters())
+
+
 # -- mode ---------------------------------------------------------------------------------------------
 def test_train_and_eval_are_the_models(rm):
     model = rm.wrapped_model
