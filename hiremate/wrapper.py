@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from hiremate.errors import ConfigError
+
 # the nn.Module tables that the wrapper shares with the model (the same dict objects)
 SHARED_TABLES = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules",
                  "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
@@ -44,6 +46,8 @@ class _Forward:
     """The wrapper's ``forward`` as an instance attribute: calls the class's ``forward``, and
     answers :func:`inspect.signature` with the model's (a bound method's signature would be
     the class function's ``(*args, **kwargs)``, the same for every model)."""
+
+    __name__ = "forward"
 
     def __init__(self, owner: "ModelWrapper"):
         self.owner = owner
@@ -68,7 +72,7 @@ class ModelWrapper(torch.nn.Module):
     def _wrap(self, model: torch.nn.Module) -> None:
         """Share ``model``'s tables and make it the target of attribute fall-through."""
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
+            raise ConfigError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
         d = self.__dict__
         for name in SHARED_TABLES:
             d[name] = model.__dict__[name]
@@ -94,7 +98,10 @@ class ModelWrapper(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             model = self.__dict__.get(_MODEL)
-            if model is None:  # during __init__ or unpickling: no fall-through, no recursion
+            # no fall-through during __init__ or unpickling (no model yet: no recursion), nor
+            # for special names, which copy and pickle look up on the instance (a model's
+            # __deepcopy__ would copy the model instead of the wrapper)
+            if model is None or (name.startswith("__") and name.endswith("__")):
                 raise
         return getattr(model, name)
 

@@ -175,6 +175,10 @@ def test_attributes_fall_through_to_the_model(rm):
     assert not hasattr(model, "extra") and not hasattr(rm, "extra")
     with pytest.raises(AttributeError, match="no_such_thing"):
         rm.no_such_thing
+    # special names are the wrapper's: copy.deepcopy(rm) must not find a model's __deepcopy__
+    model.__deepcopy__ = lambda memo: "the model's copy"
+    assert getattr(rm, "__deepcopy__", None) is None
+    del model.__deepcopy__
     assert "describe" in dir(rm) and "report" in dir(rm)
     assert inspect.signature(rm.forward) == inspect.signature(model.forward)
 
