@@ -95,7 +95,10 @@ class HRockmate(ModelWrapper):
     ``named_parameters()`` keys are the model's), its mode (``train()``/``eval()``) and its
     attributes; ``hiremate_config`` is the :class:`~hiremate.config.Config` it was built with,
     ``wrapped_model`` the model. Calls without autograd, or in another training mode than at
-    build, run the model's plain forward (see the module docstring).
+    build, run the model's plain forward (see the module docstring). ``forward`` reports the
+    model's signature; code that inspects the *class* instead (Hugging Face's ``Trainer`` finds
+    label names so) sees ``HRockmate``'s: pass ``TrainingArguments(label_names=["labels"])``
+    for evaluation losses there.
     """
 
     def __init__(self, model: torch.nn.Module, sample: Any, budget: int | float | str,

@@ -91,7 +91,7 @@ class ModelWrapper(torch.nn.Module):
             raise AttributeError("the wrapper has no model yet (it is being built)")
         return model
 
-    # -- attributes: the wrapper's own, else the model's --------------------------------------------
+    # -- attributes: the wrapper's own, else the model's ------------------------------------------
     def __getattr__(self, name: str) -> Any:
         # reached only when ordinary lookup failed; nn.Module's looks in the (shared) tables
         try:
@@ -128,7 +128,7 @@ class ModelWrapper(torch.nn.Module):
         own = list(super().__dir__())
         return sorted(set(own) | set(dir(model))) if model is not None else own
 
-    # -- mode --------------------------------------------------------------------------------------
+    # -- mode -------------------------------------------------------------------------------------
     @property
     def training(self) -> bool:  # type: ignore[override]
         """The model's training flag (``nn.Module.__init__`` sets it before there is a model)."""
@@ -148,7 +148,7 @@ class ModelWrapper(torch.nn.Module):
         self.wrapped_model.train(mode)
         return self
 
-    # -- state: the model's, under the model's names ------------------------------------------------
+    # -- state: the model's, under the model's names ----------------------------------------------
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The model's ``state_dict`` (keys as the plain model's: a checkpoint saved from the
         wrapper loads into the model, and the other way round)."""

@@ -80,7 +80,7 @@ def train_step(module: nn.Module, x: torch.Tensor, seed: int) -> torch.Tensor:
     return loss.detach()
 
 
-# -- names and state ---------------------------------------------------------------------------------
+# -- names and state ------------------------------------------------------------------------------
 def test_state_dict_and_parameter_names_are_the_models(rm, tmp_path):
     model = rm.wrapped_model
     assert list(rm.state_dict()) == list(model.state_dict())
@@ -160,7 +160,7 @@ def test_a_wrapper_inside_another_module_keeps_the_models_names(rm, x):
     assert torch.equal(rm.wrapped_model.head.weight, other.head.weight)
 
 
-# -- attributes ----------------------------------------------------------------------------------------
+# -- attributes -----------------------------------------------------------------------------------
 def test_attributes_fall_through_to_the_model(rm):
     model = rm.wrapped_model
     assert rm.note == "a user attribute" and rm.describe() == model.describe()
@@ -197,7 +197,7 @@ def test_module_methods_act_on_the_model(rm, x):
     assert all(p.grad is None for p in model.parameters())
 
 
-# -- mode ---------------------------------------------------------------------------------------------
+# -- mode -----------------------------------------------------------------------------------------
 def test_train_and_eval_are_the_models(rm):
     model = rm.wrapped_model
     assert rm.eval() is rm
@@ -264,7 +264,7 @@ def test_another_mode_than_at_build_runs_the_plain_forward_and_says_so(x, caplog
     assert calls == [1]
 
 
-# -- copies and files ---------------------------------------------------------------------------------
+# -- copies and files -----------------------------------------------------------------------------
 def test_copies_and_pickles_share_with_their_own_model(built, x):
     rm = built[0]
     for other in (copy.deepcopy(rm), _pickled(rm)):
