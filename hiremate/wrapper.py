@@ -14,7 +14,8 @@ copied: an optimizer built on ``wrapper.parameters()`` trains the model.
 
 What else is the model's:
 
-- attributes the wrapper does not define are read from, written to and deleted on the model;
+- attributes the wrapper does not define are read from, written to and deleted on the model
+  (but for new private names, which stay on the wrapper);
 - ``state_dict``/``load_state_dict``, ``_apply`` (``.to()``, ``.double()``...), ``apply`` and
   ``train`` call the model's own methods, so its overrides and hooks run; ``training`` is the
   model's flag;
@@ -112,6 +113,11 @@ class ModelWrapper(torch.nn.Module):
             object.__setattr__(self, name, value)
         elif model is None or hasattr(type(self), name):
             super().__setattr__(name, value)
+        elif (name.startswith("_") and not hasattr(model, name)
+              and not isinstance(value, (torch.nn.Module, torch.Tensor))):
+            # private bookkeeping that code holding the wrapper keeps on it (nn.Module's
+            # __setstate__ filling tables an old pickle lacks, say): the wrapper's own
+            object.__setattr__(self, name, value)
         else:
             setattr(model, name, value)
 

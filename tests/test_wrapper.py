@@ -171,6 +171,8 @@ def test_attributes_fall_through_to_the_model(rm):
     assert model.note == "changed" and "note" not in vars(rm)
     rm.extra = 3
     assert model.extra == 3
+    rm._bookkeeping = 1  # a new private name stays on the wrapper
+    assert "_bookkeeping" in vars(rm) and not hasattr(model, "_bookkeeping")
     del rm.extra
     assert not hasattr(model, "extra") and not hasattr(rm, "extra")
     with pytest.raises(AttributeError, match="no_such_thing"):
