@@ -76,9 +76,9 @@ class _Built:
     executor: Any  # a RematModule, or None when the executor is not installed
 
 
-def _modes(model: torch.nn.Module) -> tuple[bool, ...]:
+def _modes(model: torch.nn.Module) -> list[bool]:
     """Every module's training flag, in ``modules()`` order: the mode a graph was captured in."""
-    return tuple(m.training for m in model.modules())
+    return [m.training for m in model.modules()]
 
 
 class HRockmate(ModelWrapper):
@@ -207,7 +207,7 @@ class HRockmate(ModelWrapper):
 
     # -- construction ---------------------------------------------------------------------------
     def _adopt(self, model: torch.nn.Module, built: _Built, cfg: Config,
-               modes: tuple[bool, ...] | None = None) -> None:
+               modes: list[bool] | None = None) -> None:
         """Make ``built`` (the sample's) the module's graph, schedule, report and executor, and
         wrap ``model`` (``modes``: the training flags the graph was captured with, by default
         the model's now)."""
@@ -219,6 +219,8 @@ class HRockmate(ModelWrapper):
         # and the state-dict keys stay the model's
         self._own("executor", built.executor)
         self._own("_built_modes", _modes(model) if modes is None else modes)
+        # read at every call: walking a list costs less than walking modules() again
+        self._own("_mode_modules", list(model.modules()))
         self._own("_mode_notes", set())
         if not model.training:
             log.warning("%s is in eval mode: the schedule serves calls in eval mode with autograd "
@@ -309,7 +311,7 @@ class HRockmate(ModelWrapper):
         another mode than at build the graph computes something else (dropout, BatchNorm)."""
         if not torch.is_grad_enabled():
             return False
-        if _modes(model) == self._built_modes:
+        if [m.training for m in self._mode_modules] == self._built_modes:
             return True
         built_training = self._built_modes[0]
         if model.training != built_training and model.training not in self._mode_notes:
@@ -363,7 +365,7 @@ class HRockmate(ModelWrapper):
         self._init_state(payload.get("budget_arg", report.get("budget")))
         modes = payload.get("training_modes")
         # the flags the graph was captured with, where the file has them for this architecture
-        modes = (tuple(bool(m) for m in modes)
+        modes = ([bool(m) for m in modes]
                  if isinstance(modes, list) and len(modes) == len(_modes(model)) else None)
         self._adopt(model, _Built(graph, tuple(schedule), report,
                                   self._make_executor(model, graph, tuple(schedule), cfg)),
