@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from hiremate.solvers.chain.model import Chain
+from hiremate.solvers.chain.model import Chain, tail_peak
 from hiremate.solvers.chain.rotor import DEFAULT_SLOTS, PersistentTable, StageModel
 from hiremate.ir.simulator import autodiff_schedule, simulate
 
@@ -199,14 +199,10 @@ def graph_join(graph) -> tuple[JoinGraph | None, str]:
                and not any(d in c.grad[0] for c in chains) for d in nd.inputs):
             return None, f"final node {nd.name!r} reads a value other than input gradients"
     protected = frozenset(graph.outputs) | frozenset(graph.final_data)
-    alive = sum(c.x[c.n] + c.delta[0] for c in chains)
-    need = alive
-    for nd in tail:
-        need = max(need, alive + size(nd.outputs) + nd.overhead)
-        alive += size(nd.outputs)
+    need = tail_peak(graph, [d for c in chains for d in (c.act[c.n], *c.grad[0])], tail)
     return JoinGraph(
         tuple(chains), loss.id, loss.time, size(loss.outputs) + loss.overhead,
-        tuple(nd.id for nd in tail), math.fsum(nd.time for nd in tail), int(need), protected,
+        tuple(nd.id for nd in tail), math.fsum(nd.time for nd in tail), need, protected,
     ), ""
 
 

@@ -40,6 +40,7 @@ from hiremate.ir.graph import FINAL_KINDS, SOURCE_KINDS, Graph
 from hiremate.ir.option import Option, pareto_front
 from hiremate.ir.schedule import Schedule
 from hiremate.ir.simulator import simulate
+from hiremate.ir.tracker import MemoryTracker
 from hiremate.solvers.fastsa import accel as fastsa_accel
 from hiremate.solvers.fastsa.state import NOP, NodeTable, SlotState
 from hiremate.solvers.menu import option_from_schedule
@@ -141,27 +142,27 @@ def primitive_table(graph: Graph) -> NodeTable:
 
 def _group_overhead(graph: Graph, members: tuple[int, ...], ins: set[int], outs: set[int],
                     sizes: list[int]) -> int:
-    """Peak of the values internal to a group while it runs (paper B.1)."""
+    """Peak of the values internal to a group while it runs (paper B.1): the members replayed
+    by the simulator's tracker, each internal value freed after its last read in the group,
+    with the group's inputs and outputs left out (the annealer's state counts those)."""
     last_use: dict[int, int] = {}
-    for k, m in enumerate(members):
-        for d in graph.nodes[m].inputs:
-            last_use[d] = k
-    alive = 0
-    peak = 0
-    internal_alive: dict[int, int] = {}
+    internal: dict[int, int] = {}
     for k, m in enumerate(members):
         node = graph.nodes[m]
-        internal = [d for d in node.outputs if d not in outs and d not in ins]
-        during = alive + sum(sizes[d] for d in internal) + node.overhead
-        peak = max(peak, during)
-        for d in internal:
-            if d not in internal_alive and last_use.get(d, -1) > k:
-                internal_alive[d] = sizes[d]
-                alive += sizes[d]
-        for d in list(internal_alive):
+        for d in node.inputs:
+            last_use[d] = k
+        for d in node.outputs:
+            internal[d] = 0 if d in outs or d in ins else sizes[d]
+    tracker = MemoryTracker(graph, alive=(), sizes=internal)
+    for k, m in enumerate(members):
+        tracker.compute(m)
+        for d in graph.nodes[m].outputs:
             if last_use.get(d, -1) <= k:
-                alive -= internal_alive.pop(d)
-    return peak
+                tracker.delete(d)
+        for d in graph.nodes[m].inputs:
+            if last_use[d] == k and d in internal:
+                tracker.delete(d)
+    return tracker.peak
 
 
 def group_nodes(graph: Graph, table: NodeTable, max_members: int = 24
