@@ -135,12 +135,14 @@ def _delete(arr: np.ndarray, cnt: np.ndarray, row: int, v: int) -> None:
 
 # -- SlotState, over arrays ------------------------------------------------------------------
 @_helper
-def _first_slot(x, ins_ptr, ins_idx, after_loss, P, Pn, fc, T, loss_slot):
+def _first_slot(x, ins_ptr, ins_idx, after_loss, pin, P, Pn, fc, T, loss_slot):
     """``SlotState.first_slot``."""
     lo = fc[x]
     if lo >= 0:
         return lo
     lo = loss_slot + 1 if after_loss[x] else 0
+    if pin[x] >= lo:
+        lo = pin[x] + 1
     for q in range(ins_ptr[x], ins_ptr[x + 1]):
         d = ins_idx[q]
         if Pn[d] == 0:
@@ -446,7 +448,8 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
     placed, ppos, best)``; ``sc``: scratch ``(dl, dh, ds, evp, evs, window)``.
     """
     (ins_ptr, ins_idx, outs_ptr, outs_idx, sins_ptr, sins_idx, souts_ptr, souts_idx, rd_ptr,
-     rd_idx, cost_of, overhead, out_bytes, fixed, after_loss, needed, pool, size, kept) = tab
+     rd_idx, cost_of, overhead, out_bytes, fixed, after_loss, needed, pool, size, kept,
+     pin) = tab
     seq, P, Pn, U, Un, mem, fc = st
     dl, dh, ds, evp, evs, win = sc
     S, Sn, removable, rpos, placed, ppos, best = walk
@@ -478,7 +481,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             x = pool[int(_mt_random(mt) * npool)]
             lo = fc[x]
             if lo < 0:
-                lo = _first_slot(x, ins_ptr, ins_idx, after_loss, P, Pn, fc, T, loss_slot)
+                lo = _first_slot(x, ins_ptr, ins_idx, after_loss, pin, P, Pn, fc, T, loss_slot)
             if lo >= T:
                 continue
             t = lo + int(_mt_random(mt) * (T - lo))
@@ -514,7 +517,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             x = seq[t1]
             a = fc[x]
             if a < 0:
-                a = _first_slot(x, ins_ptr, ins_idx, after_loss, P, Pn, fc, T, loss_slot)
+                a = _first_slot(x, ins_ptr, ins_idx, after_loss, pin, P, Pn, fc, T, loss_slot)
             if a < t1 - window:
                 a = t1 - window
             b = t1 + window + 1
@@ -603,7 +606,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
                 ints[I_HW_S] = k + 1
             for q in range(k + 1):
                 u = S[x, q]
-                if rpos[u] < 0:
+                if rpos[u] < 0 and u != pin[x]:
                     rpos[u] = n_rem
                     removable[n_rem] = u
                     n_rem += 1
@@ -625,7 +628,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             Sn[x] = k - 1
             n_rem = _drop(removable, rpos, n_rem, t)
             n_placed = _drop(placed, ppos, n_placed, t)
-            if k - 1 == 1 and needed[x]:
+            if k - 1 == 1 and needed[x] and rpos[S[x, 0]] >= 0:
                 n_rem = _drop(removable, rpos, n_rem, S[x, 0])
         if known:
             peak, peak_at = m, new_at
