@@ -76,9 +76,9 @@ class MemoryTracker:
     the schedule may not end here (the simulator checks each step before applying it).
     """
 
-    __slots__ = ("graph", "_nodes", "_data", "sizes", "alive", "memory", "peak", "peak_step", "steps", "times",
-                 "computed", "loss_done", "last_random", "_outputs", "_start", "_during", "_after",
-                 "_freed")
+    __slots__ = ("graph", "_nodes", "_data", "sizes", "alive", "memory", "peak", "peak_step",
+                 "steps", "times", "computed", "loss_done", "last_random", "_outputs", "_start",
+                 "_during", "_after", "_freed")
 
     def __init__(self, graph: Graph, alive: Iterable[int] | None = None,
                  sizes: Sizes | None = None, record: bool = False):
