@@ -223,32 +223,6 @@ def _rotor_min_ops(tab: dict, s: int, t: int) -> list[tuple]:
             + _rotor_min_ops(tab, s, sp - 1))
 
 
-def _rotor_ops(table: PersistentTable, s: int, t: int, m: int) -> list[tuple]:
-    """The persistent table's operations for the sub-chain ``s..t`` with ``m`` slots."""
-    out: list[tuple] = []
-    stack: list[tuple] = [("solve", s, t, m)]
-    while stack:
-        item = stack.pop()
-        if item[0] != "solve":
-            out.append(item)
-            continue
-        _, a, b, mm = item
-        choice = table._choose(a, b, mm, table.cost(a, b)[mm])
-        if choice[0] == "all":
-            o = choice[1]
-            todo = [("Fall", a, o)]
-            if b > a:
-                todo.append(("solve", a + 1, b, mm - int(table.model.keep[a][o])))
-            todo.append(("B", a, o))
-        else:
-            sp = choice[1]
-            todo = [("Fck", a)] + [("Fe", j) for j in range(a + 1, sp)]
-            todo.append(("solve", sp, b, mm - int(table.model.x[sp - 1])))
-            todo.append(("solve", a, sp - 1, mm))
-        stack.extend(reversed(todo))
-    return out
-
-
 # -- schedules ---------------------------------------------------------------------------------
 class _Emitter:
     """Turn the choices of a solved join into graph steps (computes and deletions)."""
@@ -318,7 +292,7 @@ def _emit_table(em: _Emitter, table: JoinTable, s, f, m: int) -> None:
             continue
         _emit_choice(em, choice, s, f, subs,
                      lambda s2, f2, sh: _emit_table(em, table, s2, f2, m - int(sh)),
-                     lambda q, a, b, off: _rotor_ops(table.rev[q], a, b, m - int(off)))
+                     lambda q, a, b, off: table.rev[q].sequence(m - int(off), a, b))
         return
     raise AssertionError(f"join DP: no choice reaches J[{s},{f}][{m}] = {target}")
 

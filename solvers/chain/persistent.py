@@ -220,16 +220,19 @@ class PersistentTable:
                 if xs < S1:
                     np.add(best[: S1 - xs], self.pf[s - 1], out=col[xs:])
 
-    def sequence(self, m: int | None = None) -> list[tuple]:
-        """Operations of the optimal sequence for the whole chain with ``m`` slots (default:
-        all): ``("Fck", k)``, ``("Fe", k)``, ``("Fall", k, o)``, ``("B", k, o)``."""
+    def sequence(self, m: int | None = None, start: int = 1, end: int | None = None
+                 ) -> list[tuple]:
+        """Operations of the optimal sequence for the sub-chain ``start..end`` (default: the
+        whole chain) with ``m`` slots (default: all): ``("Fck", k)``, ``("Fe", k)``,
+        ``("Fall", k, o)``, ``("B", k, o)``."""
         md = self.model
         n = md.n
         m = self.slots if m is None else int(m)
-        if not np.isfinite(self.cost(1, n)[m]):
+        end = n if end is None else end
+        if not np.isfinite(self.cost(start, end)[m]):
             raise ValueError("no persistent sequence fits in this memory")
         out: list[tuple] = []
-        stack: list[tuple] = [("solve", 1, n, m)]
+        stack: list[tuple] = [("solve", start, end, m)]
         while stack:
             item = stack.pop()
             if item[0] != "solve":
