@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence, Union
 
+from hiremate.errors import HiremateError
 from hiremate.ir.graph import SOURCE_KINDS, ComputeNode, DataKind, Graph, NodeKind
 from hiremate.ir.schedule import Compute, Delete, Step
 
@@ -141,12 +142,13 @@ class MemoryTracker:
 
     def delete(self, data: int) -> None:
         """Free ``data`` (nothing changes when it is not alive)."""
-        if data in self.alive:
+        freed = data in self.alive
+        if freed:
             self.alive.discard(data)
             self.memory -= self.sizes[data]
         if self._during is not None:
             self._during.append(self.memory)
-            self._freed.append((data,))
+            self._freed.append((data,) if freed else ())
         self._after.append(self.memory)
         self.steps += 1
 
@@ -171,7 +173,7 @@ class MemoryTracker:
     def trace(self) -> Trace:
         """The recorded steps (the tracker must have been made with ``record=True``)."""
         if self._during is None:
-            raise ValueError("MemoryTracker(record=True) keeps a trace; this one does not")
+            raise HiremateError("MemoryTracker(record=True) keeps a trace; this one does not")
         return Trace(tuple(self._during), tuple(self._after), tuple(self._freed), self._start)
 
     # -- validity --------------------------------------------------------------------------------
