@@ -100,7 +100,7 @@ class MemoryTracker:
         self.computed: set[int] = set()
         self.loss_done = False
         self.last_random = -1  # the latest random node computed so far (first executions)
-        self._outputs = frozenset(graph.outputs)
+        self._outputs: frozenset[int] | None = None  # model outputs, made on the first delete
         self._start = self.memory
         self._during: list[int] | None = [] if record else None
         self._after: list[int] = []
@@ -196,7 +196,10 @@ class MemoryTracker:
             return None
         if type(step) is Delete:
             d = step.data
-            if 0 <= d < len(self._data) and d in self.alive and d not in self._outputs \
+            outputs = self._outputs
+            if outputs is None:
+                outputs = self._outputs = frozenset(self.graph.outputs)
+            if 0 <= d < len(self._data) and d in self.alive and d not in outputs \
                     and self._data[d].kind not in SOURCE_KINDS:
                 return None
             return self._delete_refusal(d)
@@ -245,7 +248,7 @@ class MemoryTracker:
             return f"there is no data node {d}"
         if data[d].kind in SOURCE_KINDS:
             return f"{data[d].name!r} is a {data[d].kind.value}: it cannot be deleted"
-        if d in self._outputs:
+        if d in frozenset(self.graph.outputs):
             return f"{data[d].name!r} is a model output, owned by the caller"
         if d not in self.alive:
             return f"{data[d].name!r} is not in memory"
