@@ -33,51 +33,34 @@ from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.ir.graph import Graph
 from hiremate.ir.option import Option, pareto_front
 from hiremate.ir.schedule import Compute, Schedule
-from hiremate.ir.simulator import autodiff_schedule, simulate
+from hiremate.ir.simulator import autodiff_schedule, simulate, trace
+from hiremate.ir.tracker import counted_sizes
 
 log = logging.getLogger(__name__)
 
 
 def step_memory(graph: Graph, schedule: Schedule) -> tuple[list[int], list[int]]:
-    """Per step: the highest memory while it runs, and the memory after it (simulator model)."""
-    counted = [d.size if d.counted else 0 for d in graph.data]
-    alive = [d.producer is None for d in graph.data]
-    mem = 0
-    during: list[int] = []
-    after: list[int] = []
-    for step in schedule:
-        if isinstance(step, Compute):
-            node = graph.nodes[step.node]
-            during.append(mem + sum(counted[d] for d in node.outputs) + node.overhead)
-            for d in node.outputs:
-                if not alive[d]:
-                    alive[d] = True
-                    mem += counted[d]
-        else:
-            alive[step.data] = False
-            mem -= counted[step.data]
-            during.append(mem)
-        after.append(mem)
-    return during, after
+    """Per step: the highest memory while it runs, and the memory after it (the simulator's
+    :func:`~hiremate.ir.simulator.trace`, as lists)."""
+    tr = trace(graph, schedule)
+    return list(tr.during), list(tr.after)
 
 
 def option_from_schedule(graph: Graph, schedule: Schedule, solver: str = "") -> Option:
     """Split ``schedule`` at its loss step and summarise both parts (see module docstring)."""
-    sim = simulate(graph, schedule).raise_if_invalid()
+    sim = simulate(graph, schedule, trace=True).raise_if_invalid()
     cut = schedule.index(Compute(graph.loss))
     fwd, bwd = schedule[:cut], schedule[cut + 1:]
-    counted = [d.size if d.counted else 0 for d in graph.data]
+    counted = counted_sizes(graph)
     out_b = sum(counted[d] for d in set(graph.outputs))
     grad_b = sum(counted[d] for d in graph.nodes[graph.loss].outputs)
     final_b = sum(counted[d] for d in graph.final_data)
-    during, after = step_memory(graph, schedule)
-    assert max(during + after, default=0) == sim.peak
+    during, after = sim.trace.during, sim.trace.after
     held = after[cut - 1] if cut else 0
     phantom = max(held - out_b, 0)
-    fwd_peak = max(during[:cut] + after[:cut], default=0) - out_b
+    fwd_peak = max(during[:cut], default=0) - out_b
     iface_b = out_b + grad_b + final_b
-    bwd_mem = during[cut + 1:] + after[cut + 1:]
-    bwd_peak = max(bwd_mem, default=0) - iface_b - phantom
+    bwd_peak = max(during[cut + 1:], default=0) - iface_b - phantom
     times = [graph.nodes[s.node].time if isinstance(s, Compute) else 0.0 for s in schedule]
     return Option(
         fwd=fwd, bwd=bwd, fwd_time=sum(times[:cut]), bwd_time=sum(times[cut + 1:]),
@@ -93,11 +76,11 @@ def budget_grid(graph: Graph, n_peak: int = 4, n_save: int = 3) -> list[tuple[in
     from hiremate.solvers.hilp.flat import memory_floor
 
     ad = autodiff_schedule(graph)
-    _, after = step_memory(graph, ad)
-    peak_hi = simulate(graph, ad).peak
+    tr = trace(graph, ad)
+    peak_hi = tr.peak
     cut = ad.index(Compute(graph.loss))
-    save_hi = after[cut - 1] if cut else 0
-    counted = [d.size if d.counted else 0 for d in graph.data]
+    save_hi = tr.after[cut - 1] if cut else 0
+    counted = counted_sizes(graph)
     save_lo = sum(counted[d] for d in set(graph.outputs))
     peak_lo = memory_floor(graph)
     peaks = np.unique(np.linspace(peak_lo, peak_hi, max(n_peak, 1)).round().astype(int))

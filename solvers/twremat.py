@@ -173,6 +173,10 @@ def twremat_sequence(graph: Graph, hierarchy: SeparatorHierarchy, level: int,
             pinned.add(node.id)
     valid: set[int] = set()
     seq: list[int] = []
+    # random nodes must first run in the graph's order (the simulator's rule): before the first
+    # run of one, the earlier ones that never ran are produced first
+    randoms = [n.id for n in graph.fwd_nodes if n.random]
+    ran: set[int] = set()
 
     def ensure(target: int) -> None:
         # iterative post-order: compute every missing ancestor before its user
@@ -184,7 +188,14 @@ def twremat_sequence(graph: Graph, hierarchy: SeparatorHierarchy, level: int,
             if expanded:
                 seq.append(v)
                 valid.add(v)
+                ran.add(v)
                 continue
+            if v not in ran and nodes[v].random:
+                earlier = [r for r in randoms if r < v and r not in ran]
+                if earlier:  # they run first (smallest on top), then v again
+                    stack.append((v, False))
+                    stack.extend((r, False) for r in reversed(earlier))
+                    continue
             stack.append((v, True))
             stack.extend((p, False) for p in fwd_preds[v] if p not in valid)
 
@@ -198,7 +209,7 @@ def twremat_sequence(graph: Graph, hierarchy: SeparatorHierarchy, level: int,
 
     loss = nodes[graph.loss]
     first = set(needs(loss.id))
-    first.update(n.id for n in graph.fwd_nodes if n.mutates)
+    first.update(n.id for n in graph.fwd_nodes if n.mutates or n.random)
     first.update(data[d].producer for d in graph.outputs if data[d].producer is not None)
     requests = [(loss.id, sorted(first))] + [(n.id, needs(n.id)) for n in graph.bwd_nodes]
     for nid, needed in requests:

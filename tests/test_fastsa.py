@@ -44,15 +44,22 @@ def _state(g, table, order, gap=3):
     keep = set(g.outputs) | set(g.final_data)
     kept = [d.id in keep for d in g.data]
     loss = next(i for i in order if table.members[i] == (g.loss,))
-    return SlotState(table, order, len(g.data), sizes, kept, loss, gap)
+    state = SlotState(table, order, len(g.data), sizes, kept, loss, gap)
+    state.pin_first_copies(x for x in order if any(g.nodes[m].random for m in table.members[x]))
+    return state
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), n=st.integers(1, 15))
-def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
-    """After every valid add/remove/move the profile's peak is the simulator's peak, and the
-    deltas predicted before each mutation give that peak exactly (and a bound below it)."""
-    g = random_graph(seed, n)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 15),
+       kind=st.sampled_from(["synthetic", "fuzz"]))
+def test_incremental_peak_equals_simulator_under_random_mutations(seed, n, kind):
+    """After every valid add/remove/move the whole slot profile is the simulator's (and so its
+    peak), the deltas predicted before each mutation give that peak exactly (and a bound below
+    it), and the sequence stays valid (random ops of the fuzz graphs: their first copies are
+    pinned)."""
+    from test_memory_pins import fuzz_graph, simulated_slots
+
+    g = random_graph(seed, n) if kind == "synthetic" else fuzz_graph(seed, min(n, 12))
     table = primitive_table(g)
     state = _state(g, table, list(range(len(g))))
     rng = random.Random(seed)
@@ -74,7 +81,8 @@ def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
         elif kind < 0.7:
             t = rng.randrange(state.T)
             x = state.seq[t]
-            if x != NOP and not table.movable_only[x] and state.can_remove(x, t):
+            if (x != NOP and not table.movable_only[x] and t != state.pin[x]
+                    and state.can_remove(x, t)):
                 deltas = state.remove_deltas(x, t)
                 predicted, bound = state.peak_with(deltas), state.peak_bound(deltas)
                 assert predicted <= state.peak_bounds(deltas)[1]
@@ -83,8 +91,9 @@ def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
         else:
             t1, t2 = rng.randrange(state.T), rng.randrange(state.T)
             x = state.seq[t1]
-            if (x != NOP and t1 != state.loss_slot and state.seq[t2] == NOP
-                    and state.can_add(x, t2) and state.can_remove(x, t1, t2)):
+            if (x != NOP and t1 != state.loss_slot and t1 != state.pin[x]
+                    and state.seq[t2] == NOP and state.can_add(x, t2)
+                    and state.can_remove(x, t1, t2)):
                 deltas = state.move_deltas(x, t1, t2)
                 predicted, bound = state.peak_with(deltas), state.peak_bound(deltas)
                 lower, upper = state.peak_bounds(deltas, disjoint=True)
@@ -101,6 +110,7 @@ def test_incremental_peak_equals_simulator_under_random_mutations(seed, n):
         res = hiremate.simulate(g, sequence_to_schedule(g, state.order()))
         assert res.valid, res.error
         assert state.peak == res.peak
+        assert state.mem.tolist() == simulated_slots(g, state)
         assert state.mem[state.peak_at] == state.peak
         y = rng.randrange(len(table))  # the cached first valid slot of a node is current
         first = state.first_slot(y)

@@ -1,6 +1,6 @@
 """Fuzzing every registered solver on hostile CD-graphs (multi-output ops, shared values, several
-outputs, soft dependencies, inputs without gradient, zero-byte and 2**40-byte tensors) at random
-budgets, at every level the solver allows:
+outputs, soft dependencies, inputs without gradient, random and buffer-writing ops, zero-byte and
+2**40-byte tensors) at random budgets, at every level the solver allows:
 
 - ``flat``: ``schedule(graph, budget)`` returns a schedule that :func:`hiremate.simulate` accepts
   within the budget, or raises :class:`InfeasibleBudgetError` (whose ``min_budget``, when given,
@@ -98,6 +98,8 @@ def specs(draw, max_ops: int = 6, chain: bool = False) -> FuzzSpec:
             overhead=draw(st.one_of(st.just(0), sizes)),
             bwd_overhead=draw(st.one_of(st.just(0), sizes)),
             soft_inputs=[v for v in soft if v not in inputs],
+            random=draw(st.sampled_from([False, False, True])),
+            mutates=draw(st.sampled_from([False, False, False, True])),
         ))
         values += [(i, m) for m in range(n_out)]
     read = {v for op in ops for v in op.inputs}
@@ -214,6 +216,14 @@ def check_top(name: str, g, budget: int) -> str:
     return "ok"
 
 
+def no_invalid_candidates(caplog, name: str) -> None:
+    """Solvers log a candidate schedule the simulator refuses (a bug they survive by falling
+    back on another one, at a cost in time or memory): the fuzzer treats it as a failure."""
+    bad = [r.getMessage() for r in caplog.records
+           if r.levelno >= 30 and "invalid" in r.getMessage()]
+    assert not bad, f"{name}: {bad[0]}"
+
+
 FUZZ = dict(deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -221,8 +231,10 @@ FUZZ = dict(deadline=None, suppress_health_check=list(HealthCheck))
 @pytest.mark.parametrize("name", FLAT)
 @settings(max_examples=CI_EXAMPLES, derandomize=True, **FUZZ)
 @given(case=graphs_and_budgets(max_ops=6, chain_bias=True))
-def test_fuzz_flat_schedule(name, case):
+def test_fuzz_flat_schedule(name, case, caplog):
+    caplog.clear()
     check_flat(name, *case)
+    no_invalid_candidates(caplog, name)
 
 
 @pytest.mark.parametrize("name", BOTTOM)
@@ -260,8 +272,10 @@ def test_huge_and_empty_tensors_on_a_chain():
 @pytest.mark.parametrize("name", FLAT)
 @settings(max_examples=SLOW_EXAMPLES, **FUZZ)
 @given(case=graphs_and_budgets(max_ops=12, chain_bias=True))
-def test_fuzz_flat_schedule_slow(name, case):
+def test_fuzz_flat_schedule_slow(name, case, caplog):
+    caplog.clear()
     check_flat(name, *case)
+    no_invalid_candidates(caplog, name)
 
 
 @pytest.mark.slow

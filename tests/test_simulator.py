@@ -107,3 +107,97 @@ def test_autodiff_is_valid_and_profile_consistent(seed, n, inputs):
     # every counted datum that is not kept at the end is freed
     kept = sum(g.data[d].size for d in set(g.outputs) | set(g.final_data) if g.data[d].counted)
     assert sim.profile[-1] == kept
+
+
+# -- the executor's rules, held by the simulator ---------------------------------------------------
+def _two_random_branches(mutates_b: bool = False, effect_only: bool = False):
+    """x -> a (random), x -> b (random; instead, writes a buffer when ``mutates_b``), both
+    outputs; with ``effect_only``, a forward node with no output that only writes a buffer."""
+    from dataclasses import replace
+
+    from hiremate.ir.graph import ComputeNode, DataNode, Graph, NodeKind
+    from hiremate.testing.fuzzgraphs import FuzzOp, FuzzSpec, graph_from_spec
+
+    g = graph_from_spec(FuzzSpec([8], [False], [
+        FuzzOp([(-1, 0)], [16], random=True),
+        FuzzOp([(-1, 0)], [16], random=not mutates_b, mutates=mutates_b)], [(0, 0), (1, 0)]))
+    if not effect_only:
+        return g
+    # a node that only bumps a counter buffer, before the loss
+    nodes, data = list(g.nodes), list(g.data)
+    buf = DataNode(len(data), "counter", DataKind.BUFFER, (), "int64", 8)
+    loss = g.loss
+    shifted = [replace(n, id=n.id + 1) if n.id >= loss else n for n in nodes]
+    remap = {n.id: n.id + 1 for n in nodes if n.id >= loss}
+    data = [replace(d, producer=remap.get(d.producer, d.producer)) for d in data] + [buf]
+    shifted = [replace(n, partner=remap.get(n.partner, n.partner)) for n in shifted]
+    bump = ComputeNode(loss, "bump", NodeKind.FWD, (buf.id,), (), mutates=("counter",))
+    return Graph(shifted[:loss] + [bump] + shifted[loss:], data, g.outputs, g.meta)
+
+
+def test_random_nodes_must_first_run_in_graph_order():
+    g = _two_random_branches()
+    ok = autodiff_schedule(g)
+    assert simulate(g, ok).valid
+    a, b = (n.id for n in g.nodes if n.random)
+    swapped = list(ok)
+    i, j = swapped.index(Compute(a)), swapped.index(Compute(b))
+    swapped[i], swapped[j] = swapped[j], swapped[i]
+    sim = simulate(g, tuple(swapped))
+    assert not sim.valid and sim.step == j and "random node" in sim.error
+    # a recomputation of the earlier one later is a replay, not a first run: fine
+    again = tuple(ok[: ok.index(Compute(g.loss))]) + (Compute(a),) + tuple(
+        ok[ok.index(Compute(g.loss)):])
+    assert simulate(g, again).valid
+
+
+def _unread(g, node: int):
+    """``g`` with the outputs of ``node`` neither returned nor read: a schedule may skip it."""
+    from dataclasses import replace
+
+    from hiremate.ir.graph import Graph
+
+    gone = set(g.nodes[node].outputs)
+    nodes = [replace(n, inputs=tuple(d for d in n.inputs if d not in gone)) if n.is_loss else n
+             for n in g.nodes]
+    return Graph(nodes, g.data, [d for d in g.outputs if d not in gone], g.meta)
+
+
+def _skip(g, node: int):
+    gone = set(g.nodes[node].outputs)
+    return tuple(s for s in autodiff_schedule(g) if s != Compute(node)
+                 and not (isinstance(s, Delete) and s.data in gone))
+
+
+def test_every_random_forward_node_must_run():
+    g = _two_random_branches()
+    b = max(n.id for n in g.nodes if n.random)
+    g = _unread(g, b)
+    assert simulate(g, autodiff_schedule(g)).valid
+    sim = simulate(g, _skip(g, b))
+    assert not sim.valid and "never computes the random node" in sim.error
+
+
+def test_buffer_writes_must_run_unless_the_executor_adds_them():
+    g = _two_random_branches(mutates_b=True)
+    b = next(n.id for n in g.nodes if n.mutates)
+    g = _unread(g, b)
+    assert simulate(g, autodiff_schedule(g)).valid
+    sim = simulate(g, _skip(g, b))
+    assert not sim.valid and "writes the buffers" in sim.error
+    g = _two_random_branches(effect_only=True)
+    bump = next(n.id for n in g.nodes if n.mutates)
+    assert simulate(g, autodiff_schedule(g)).valid
+    assert simulate(g, _skip(g, bump)).valid  # the executor runs it before the loss itself
+
+
+def test_trace_is_cheap_unless_asked():
+    g = random_graph(5, 12)
+    sched = autodiff_schedule(g)
+    plain, traced = simulate(g, sched), simulate(g, sched, trace=True)
+    assert plain.trace is None and traced.trace is not None
+    assert plain.peak == traced.peak == traced.trace.peak
+    assert traced.trace.after == plain.profile
+    deletes = [i for i, s in enumerate(sched) if isinstance(s, Delete)]
+    assert all(traced.trace.freed[i] == (sched[i].data,) for i in deletes)
+    assert max(traced.trace.during) == plain.peak

@@ -31,7 +31,6 @@ from hiremate.errors import (
     DoubleBackwardError,
     InputMismatchError,
     InvalidGraphError,
-    InvalidScheduleError,
     ModifiedInPlaceError,
 )
 from hiremate.runtime.codegen import Program, generate, generate_inference, split_schedule
@@ -42,6 +41,7 @@ from hiremate.ir.graph import Graph
 from hiremate.graphbuilder.encode import decode_arg
 from hiremate.ir.schedule import Compute, Schedule
 from hiremate.ir.simulator import SimulationResult, simulate
+from hiremate.ir.tracker import is_effect_only
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,9 @@ class RematModule(torch.nn.Module):
         self.model = model
         self._graph = graph
         self._schedule = _complete(graph, tuple(schedule))
+        # the simulator's validity rules include what the generated code needs (random nodes
+        # first computed in the graph's order, every buffer write computed)
         self._predicted = simulate(graph, self._schedule).raise_if_invalid()
-        _check_random_order(graph, self._schedule)
         meta = graph.meta
         self._param_names: list[str] = meta.get("param_names", [])
         self._frozen_names: list[str] = meta.get("frozen_names", [])
@@ -361,53 +362,19 @@ def _normalise(sample: Any) -> tuple[tuple, dict]:
 
 
 def _complete(graph: Graph, schedule: Schedule) -> Schedule:
-    """Buffer writes that the schedule never computes (a node whose only effect is to write
-    a buffer, such as BatchNorm's ``num_batches_tracked += 1``) run just before the loss
-    node, so that every call updates every buffer once, as eager PyTorch does."""
+    """Buffer writes that the schedule never computes and whose only effect is to write a
+    buffer (:func:`~hiremate.ir.tracker.is_effect_only`, such as BatchNorm's
+    ``num_batches_tracked += 1``) run just before the loss node, so that every call updates
+    every buffer once, as eager PyTorch does. Other skipped buffer writes are left for the
+    simulator to refuse."""
     computed = {s.node for s in schedule if isinstance(s, Compute)}
-    missing = [n for n in graph.nodes if n.is_fwd and n.mutates and n.id not in computed]
+    missing = [n for n in graph.nodes if n.is_fwd and n.mutates and n.id not in computed
+               and is_effect_only(graph, n)]
     if not missing:
         return schedule
     cut = split_schedule(graph, schedule) - 1
-    extra = []
-    for n in missing:
-        if n.outputs or n.random or any(graph.data[d].producer is not None for d in n.inputs):
-            raise InvalidScheduleError(
-                f"the schedule never computes node {n.name!r}, which writes the buffers "
-                f"{', '.join(n.mutates)}: the buffers would not be updated; compute it once "
-                "in the forward phase"
-            )
-        extra.append(Compute(n.id))
-    log.debug("added %d buffer-writing nodes the schedule skipped", len(extra))
-    return schedule[:cut] + tuple(extra) + schedule[cut:]
-
-
-def _check_random_order(graph: Graph, schedule: Schedule) -> None:
-    """First executions of random nodes must follow the graph's order: each one then draws
-    the numbers eager PyTorch draws, and recomputations replay them."""
-    seen: set[int] = set()
-    last = -1
-    for i, step in enumerate(schedule):
-        if not isinstance(step, Compute) or step.node in seen:
-            continue
-        seen.add(step.node)
-        node = graph.nodes[step.node]
-        if node.random:
-            if node.id < last:
-                raise InvalidScheduleError(
-                    f"step {i} computes the random node {node.name!r} for the first time after "
-                    f"the later random node {graph.nodes[last].name!r}: random numbers would be "
-                    "drawn in another order than in the model; compute random nodes first in "
-                    "the graph's order", step=i,
-                )
-            last = node.id
-    skipped = [n.name for n in graph.nodes if n.random and n.is_fwd and n.id not in seen]
-    if skipped:
-        raise InvalidScheduleError(
-            f"the schedule never computes the random node(s) {', '.join(skipped[:3])}: the "
-            "random state after a call would differ from the model's; compute every random "
-            "forward node once"
-        )
+    log.debug("added %d buffer-writing nodes the schedule skipped", len(missing))
+    return schedule[:cut] + tuple(Compute(n.id) for n in missing) + schedule[cut:]
 
 
 __all__ = ["BackwardTwiceError", "DoubleBackwardError", "RematModule"]

@@ -5,7 +5,8 @@ captures are messier, so fuzzing needs more shapes than that: ops with several o
 ``split``, an LSTM cell, a BatchNorm returning its statistics), values shared by several
 readers, several model outputs (including intermediate values that are also read further on),
 shape-only (soft) dependencies, user inputs that need no gradient (they bring no gradient
-dependency), and sizes at the edges: zero-byte tensors and tensors of ``2**40`` bytes, which
+dependency), ops that draw random numbers or write a buffer (the executor's ordering rules,
+which the simulator checks), and sizes at the edges: zero-byte tensors and tensors of ``2**40`` bytes, which
 break code that mixes floats with byte counts.
 
 A graph is described by a plain :class:`FuzzSpec` (lists of ints and floats), so that a
@@ -43,6 +44,10 @@ class FuzzOp:
     overhead: int = 0
     bwd_overhead: int = 0
     soft_inputs: list[Value] = field(default_factory=list)
+    #: the op draws random numbers (its first runs must keep the graph's order)
+    random: bool = False
+    #: the op writes a buffer (it must run at least once)
+    mutates: bool = False
 
 
 @dataclass
@@ -122,7 +127,9 @@ def graph_from_spec(spec: FuzzSpec) -> Graph:
         soft = tuple(dict.fromkeys(value_id[v] for v in op.soft_inputs if v not in reads))
         nodes.append(ComputeNode(nid, f"fwd{i}", NodeKind.FWD, tuple(dict.fromkeys(ins)),
                                  tuple(outs), float(op.time), int(op.overhead), soft_inputs=soft,
-                                 signature=f"f{len(reads)}:{tuple(op.sizes)}"))
+                                 signature=f"f{len(reads)}:{tuple(op.sizes)}",
+                                 mutates=(f"buf{i}",) if op.mutates else (),
+                                 random=bool(op.random)))
         fwd_ids.append(nid)
 
     loss_id = len(nodes)

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from hiremate.errors import SolverError
-
-from hiremate.solvers.chain.model import Chain
-from hiremate.solvers.chain.rotor import DEFAULT_SLOTS, PersistentTable, StageModel
+from hiremate.solvers.chain.join_graph import JoinGraph, graph_join
+from hiremate.solvers.chain.persistent import (
+    DEFAULT_SLOTS, PersistentTable, StageModel, shift_row,
+)
 from hiremate.ir.simulator import autodiff_schedule, simulate
 
 log = logging.getLogger(__name__)
@@ -52,178 +52,7 @@ log = logging.getLogger(__name__)
 _EPS = 1e-9
 
 
-# -- structure ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class JoinChain:
-    """One chain of a join graph, 1-based per stage (index 0 unused in per-stage tuples).
-
-    ``act[k]``: data id of ``a^k`` (``None`` for ``k = 0``, the user input); ``grad[k]``: data
-    ids of ``δ^k`` (``grad[n]``: the tangent); sizes ``x[k]``, ``delta[k]``; ``fwd``/``bwd``
-    node ids; times and overheads."""
-
-    fwd: tuple[int, ...]
-    bwd: tuple[int, ...]
-    act: tuple[int | None, ...]
-    grad: tuple[tuple[int, ...], ...]
-    x: tuple[int, ...]
-    delta: tuple[int, ...]
-    ft: tuple[float, ...]
-    bt: tuple[float, ...]
-    of: tuple[int, ...]
-    ob: tuple[int, ...]
-
-    @property
-    def n(self) -> int:
-        return len(self.fwd) - 1
-
-    def reversal_chain(self) -> Chain:
-        """The chain whose Rotor table reverses a part of this chain after the turn: the last
-        stage's forward is free (its output is a model output, always present and counted
-        apart) and a dummy loss stage closes it (never reached: tables are read for ``t <= n``)."""
-        n = self.n
-        x = list(self.x[: n]) + [0, 0]
-        ft = list(self.ft[1: n]) + [0.0, 0.0]
-        of = list(self.of[1: n]) + [0, 0]
-        return Chain(
-            fwd_time=tuple(ft), bwd_time=tuple(self.bt[1:]) + (0.0,), x=tuple(x),
-            xbar=tuple(x[1:]), delta=tuple(self.delta) + (0,), fwd_overhead=tuple(of),
-            bwd_overhead=tuple(self.ob[1:]) + (0,),
-        )
-
-
-@dataclass(frozen=True)
-class JoinGraph:
-    """A recognised join graph: its chains, the loss, the tail (input-gradient sums)."""
-
-    chains: tuple[JoinChain, ...]
-    loss: int
-    loss_time: float
-    loss_need: int          # tangents plus the loss node's overhead
-    tail: tuple[int, ...]
-    tail_time: float
-    tail_need: int          # memory while the tail runs (kept gradients and outputs included)
-    protected: frozenset[int]
-
-
-def graph_join(graph) -> tuple[JoinGraph | None, str]:
-    """Recognise a join-shaped graph: ``(JoinGraph, "")`` or ``(None, why not)``."""
-    data, nodes = graph.data, graph.nodes
-    counted = lambda ids: [d for d in ids if data[d].counted]  # noqa: E731
-    size = lambda ids: sum(data[d].size for d in ids if data[d].counted)  # noqa: E731
-    from hiremate.ir.graph import DataKind
-
-    fwd = [nd for nd in nodes if nd.is_fwd]
-    if not fwd:
-        return None, "the graph has no forward node"
-    producer_of = {}
-    for f in fwd:
-        outs = counted(f.outputs)
-        if len(f.outputs) != 1 or len(outs) != 1 or data[outs[0]].kind is not DataKind.ACTIVATION:
-            return None, f"forward node {f.name!r} does not produce exactly one activation"
-        if f.partner is None or not nodes[f.partner].is_bwd:
-            return None, f"forward node {f.name!r} has no backward partner"
-        producer_of[outs[0]] = f
-    # follow each chain from a node that reads no activation
-    nxt: dict[int, int] = {}
-    heads = []
-    for f in fwd:
-        ins = counted(f.inputs)
-        if not ins:
-            heads.append(f)
-        elif len(ins) == 1 and ins[0] in producer_of:
-            prev = producer_of[ins[0]].id
-            if prev in nxt:
-                return None, f"activation {data[ins[0]].name!r} feeds two forward nodes"
-            nxt[prev] = f.id
-        else:
-            return None, f"forward node {f.name!r} does not read exactly one activation"
-    loss = nodes[graph.loss]
-    chains_nodes = []
-    for h in heads:
-        seq = [h.id]
-        while seq[-1] in nxt:
-            seq.append(nxt[seq[-1]])
-        chains_nodes.append(seq)
-    if sum(len(c) for c in chains_nodes) != len(fwd):
-        return None, "some forward nodes are not on a chain"
-    ends = [nodes[c[-1]].outputs[0] for c in chains_nodes]
-    if sorted(counted(loss.inputs)) != sorted(ends):
-        return None, "the loss node does not read exactly the last activation of every chain"
-    if len(chains_nodes) < 1:
-        return None, "no chain"
-    tangents = counted(loss.outputs)
-    chains = []
-    partner_ids = set()
-    for seq in chains_nodes:
-        n = len(seq)
-        fs = [nodes[i] for i in seq]
-        bs = [nodes[f.partner] for f in fs]
-        partner_ids |= {b.id for b in bs}
-        act: list[int | None] = [None] + [f.outputs[0] for f in fs]
-        tan = [t for t in tangents if set(graph.users(t)) == {bs[-1].id}]
-        if len(tan) != 1:
-            return None, f"chain ending at {fs[-1].name!r} does not get exactly one tangent"
-        grad: list[tuple[int, ...]] = [()] * (n + 1)
-        grad[n] = (tan[0],)
-        for k in range(n, 0, -1):
-            b = bs[k - 1]
-            allowed = set(grad[k]) | {act[k]} | ({act[k - 1]} if k > 1 else set())
-            if not set(counted(b.inputs)) <= allowed:
-                return None, f"backward node {b.name!r} reads values outside its stage"
-            grad[k - 1] = tuple(counted(b.outputs))
-            if k > 1:
-                for g in grad[k - 1]:
-                    if not set(graph.users(g)) <= {bs[k - 2].id}:
-                        return None, f"gradient {data[g].name!r} is read outside its stage"
-        for k in range(1, n + 1):
-            ok = {bs[k - 1].id} | ({fs[k].id, bs[k].id} if k < n else {loss.id})
-            if not set(graph.users(act[k])) <= ok:
-                return None, f"activation {data[act[k]].name!r} is read outside its stages"
-        chains.append(JoinChain(
-            fwd=(-1,) + tuple(seq), bwd=(-1,) + tuple(b.id for b in bs), act=tuple(act),
-            grad=tuple(grad), x=(0,) + tuple(data[a].size for a in act[1:]),
-            delta=tuple(size(g) for g in grad), ft=(0.0,) + tuple(f.time for f in fs),
-            bt=(0.0,) + tuple(b.time for b in bs), of=(0,) + tuple(f.overhead for f in fs),
-            ob=(0,) + tuple(b.overhead for b in bs),
-        ))
-    if len(set(tangents)) != len(chains):
-        return None, "the loss produces values that no chain reads"
-    tail = [nd for nd in nodes if nd.is_bwd and nd.id not in partner_ids]
-    if 2 * len(fwd) + 1 + len(tail) != len(nodes):
-        return None, "the graph has nodes outside the chains"
-    tail_ids = {nd.id for nd in tail}
-    for c in chains:
-        for g in c.grad[0]:
-            if not set(graph.users(g)) <= tail_ids:
-                return None, "the input gradients are read by a non-final node"
-    for nd in tail:
-        if any(data[d].counted and data[d].producer not in tail_ids
-               and not any(d in c.grad[0] for c in chains) for d in nd.inputs):
-            return None, f"final node {nd.name!r} reads a value other than input gradients"
-    protected = frozenset(graph.outputs) | frozenset(graph.final_data)
-    alive = sum(c.x[c.n] + c.delta[0] for c in chains)
-    need = alive
-    for nd in tail:
-        need = max(need, alive + size(nd.outputs) + nd.overhead)
-        alive += size(nd.outputs)
-    return JoinGraph(
-        tuple(chains), loss.id, loss.time, size(loss.outputs) + loss.overhead,
-        tuple(nd.id for nd in tail), math.fsum(nd.time for nd in tail), int(need), protected,
-    ), ""
-
-
 # -- the dynamic program -----------------------------------------------------------------------
-def _shift(row: np.ndarray, k: int) -> np.ndarray:
-    """``out[m] = row[m - k]`` (``inf`` where ``m < k``)."""
-    k = int(k)
-    if k <= 0:
-        return row
-    out = np.full_like(row, np.inf)
-    if k < len(row):
-        out[k:] = row[: len(row) - k]
-    return out
-
-
 class _Sizes:
     """Per-chain sizes in a common unit (slots, or exact bytes for the minimum-memory pass)."""
 
@@ -293,10 +122,17 @@ def _choices(jg: JoinGraph, sz: _Sizes, s, f, table: "JoinTable | None"):
         yield ("turn",), need, (np.full(table.S + 1, jg.loss_time) if table else None), ()
         return
     B0 = sum(sz.x[j][s[j] - 1] for j in range(k))
+    # random nodes first run in the graph's order (the simulator's rule): chain q may run its
+    # stages for the first time only up to a random node later than the next random node of
+    # another chain (one chain always has the earliest, so some choice stays)
+    nxt = [c.next_random[s[j]] for j, c in enumerate(chains)]
     for q, c in enumerate(chains):
         sq = s[q]
         if sq > c.n:
             continue
+        bound = min((nxt[j] for j in range(k) if j != q), default=math.inf)
+        if c.next_random[sq] == c.fwd[sq] and c.fwd[sq] > bound:
+            continue  # stage s_q itself is random and comes after another chain's
         x, d, of, ob = sz.x[q], sz.delta[q], sz.of[q], sz.ob[q]
         Xq = x[sq - 1]
         # keep: F(s_q), sub-join with a^{s_q} kept, B(s_q)
@@ -306,7 +142,7 @@ def _choices(jg: JoinGraph, sz: _Sizes, s, f, table: "JoinTable | None"):
         need = max(B0 + x[sq] + of[sq], Xq + E + d[sq - 1] + ob[sq])
         time = None
         if table is not None:
-            time = c.ft[sq] + c.bt[sq] + _shift(table.get(s2, f2), Xq)
+            time = c.ft[sq] + c.bt[sq] + shift_row(table.get(s2, f2), Xq)
         yield ("keep", q), need, time, ((s2, f2, Xq),)
         # checkpoint a^{s'-1}
         fneed = x[sq] + of[sq]
@@ -314,6 +150,8 @@ def _choices(jg: JoinGraph, sz: _Sizes, s, f, table: "JoinTable | None"):
         for sp in range(sq + 1, c.n + 2):
             if sp > sq + 1:
                 kk = sp - 1
+                if c.next_random[kk] == c.fwd[kk] and c.fwd[kk] > bound:
+                    break  # this forward run would draw out of order
                 fneed = max(fneed, x[kk - 1] + x[kk] + of[kk])
             ftime += c.ft[sp - 1]
             s2 = s[:q] + (sp,) + s[q + 1:]
@@ -323,7 +161,7 @@ def _choices(jg: JoinGraph, sz: _Sizes, s, f, table: "JoinTable | None"):
             time = None
             if table is not None:
                 rev = table.rev[q].cost(sq, sp - 1)
-                time = ftime + _shift(table.get(s2, f2), Xq) + _shift(rev, off)
+                time = ftime + shift_row(table.get(s2, f2), Xq) + shift_row(rev, off)
             yield ("ck", q, sp, off), need, time, ((s2, f2, Xq), ("rev", q, sq, sp - 1, off))
 
 
@@ -384,32 +222,6 @@ def _rotor_min_ops(tab: dict, s: int, t: int) -> list[tuple]:
     sp = choice[1]
     return ([("Fck", s)] + [("Fe", j) for j in range(s + 1, sp)] + _rotor_min_ops(tab, sp, t)
             + _rotor_min_ops(tab, s, sp - 1))
-
-
-def _rotor_ops(table: PersistentTable, s: int, t: int, m: int) -> list[tuple]:
-    """The persistent table's operations for the sub-chain ``s..t`` with ``m`` slots."""
-    out: list[tuple] = []
-    stack: list[tuple] = [("solve", s, t, m)]
-    while stack:
-        item = stack.pop()
-        if item[0] != "solve":
-            out.append(item)
-            continue
-        _, a, b, mm = item
-        choice = table._choose(a, b, mm, table.cost(a, b)[mm])
-        if choice[0] == "all":
-            o = choice[1]
-            todo = [("Fall", a, o)]
-            if b > a:
-                todo.append(("solve", a + 1, b, mm - int(table.model.keep[a][o])))
-            todo.append(("B", a, o))
-        else:
-            sp = choice[1]
-            todo = [("Fck", a)] + [("Fe", j) for j in range(a + 1, sp)]
-            todo.append(("solve", sp, b, mm - int(table.model.x[sp - 1])))
-            todo.append(("solve", a, sp - 1, mm))
-        stack.extend(reversed(todo))
-    return out
 
 
 # -- schedules ---------------------------------------------------------------------------------
@@ -481,7 +293,7 @@ def _emit_table(em: _Emitter, table: JoinTable, s, f, m: int) -> None:
             continue
         _emit_choice(em, choice, s, f, subs,
                      lambda s2, f2, sh: _emit_table(em, table, s2, f2, m - int(sh)),
-                     lambda q, a, b, off: _rotor_ops(table.rev[q], a, b, m - int(off)))
+                     lambda q, a, b, off: table.rev[q].sequence(m - int(off), a, b))
         return
     raise SolverError(f"join DP: no choice reaches J[{s},{f}][{m}] = {target} (a bug in "
                       "hiremate; please report it)")

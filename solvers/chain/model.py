@@ -400,15 +400,23 @@ def graph_chain(graph) -> tuple[GraphChain | None, str]:
         x=tuple(x), xbar=tuple(x[1:]), delta=tuple(delta),
         fwd_overhead=tuple(o_f), bwd_overhead=tuple(o_b), kept_after_loss=kept,
     )
-    # memory while the tail runs (its nodes in order, then the partial gradients freed)
-    alive = kept + delta[0]
-    need = alive
-    for nd in tail:
-        need = max(need, alive + size(nd.outputs) + nd.overhead)
-        alive += size(nd.outputs)
+    # memory while the tail runs (its nodes in order, then the partial gradients freed), from
+    # the kept model output and the input gradients
+    need = tail_peak(graph, ([act[n]] if kept else []) + list(grad[0]), tail)
     bwd = tuple((b.id,) for b in bwd_of[:-1]) + ((loss.id, bwd_of[-1].id),)
     return GraphChain(chain, tuple(f.id for f in fwd), bwd, tuple(act), tuple(grad), tangent,
-                      tuple(nd.id for nd in tail), protected, int(need)), ""
+                      tuple(nd.id for nd in tail), protected, need), ""
+
+
+def tail_peak(graph, alive, tail) -> int:
+    """Peak memory while the ``tail`` nodes run in order from the data ``alive`` (the
+    simulator's step rule, :class:`~hiremate.ir.tracker.MemoryTracker`)."""
+    from hiremate.ir.tracker import MemoryTracker
+
+    tracker = MemoryTracker(graph, alive=alive)
+    for nd in tail:
+        tracker.compute(nd.id)
+    return tracker.peak
 
 
 def ops_to_schedule(gc: GraphChain, ops: Sequence[ChainOp]):

@@ -18,8 +18,9 @@ block's interface): while ``Fn(i, o)`` runs, memory is what is stored plus ``x[i
 ``bwd_peak`` plus ``g[i-1]``; a no-save forward adds ``x[i]`` plus the block's
 ``fe_overhead``.
 
-The DP is Rotor's persistent DP (:class:`hiremate.solvers.chain.rotor.PersistentTable`) where the
-"keep everything" start of a sub-chain has one variant per option, ``O(L^2 S (L + B))``.
+The DP is Rotor's persistent DP (:class:`hiremate.solvers.chain.persistent.PersistentTable`)
+where the "keep everything" start of a sub-chain has one variant per option,
+``O(L^2 S (L + B))``.
 :func:`solve_blocks` returns an optimal persistent block sequence; :func:`chain_menu` is the
 bottom-level solver that builds a menu for a chain-shaped subgraph by solving Rotor at several
 budgets.
@@ -37,8 +38,8 @@ from hiremate.errors import InfeasibleBudgetError, InvalidGraphError, SolverErro
 
 from hiremate.ir.option import Option, pareto_front
 from hiremate.solvers.chain.model import ChainStepError
-from hiremate.solvers.chain.rotor import (
-    DEFAULT_SLOTS, PersistentTable, StageModel, _discretise, min_memory,
+from hiremate.solvers.chain.persistent import (
+    DEFAULT_SLOTS, PersistentTable, StageModel, discretise, min_memory,
 )
 
 
@@ -268,7 +269,7 @@ def solve_blocks(bc: BlockChain, budget: float, slots: int = DEFAULT_SLOTS) -> B
         low = bc.x[0] + exact_min
         raise InfeasibleBudgetError(f"budget {budget} is below the minimum {low} of this block "
                                     "chain; raise the budget", min_budget=math.ceil(low))
-    scaled, S = _discretise(model, avail, slots)
+    scaled, S = discretise(model, avail, slots)
     table = PersistentTable(scaled, S)
     seq = table.sequence() if np.isfinite(table.cost(1, model.n)[S]) else min_ops
     ops = _block_ops(seq, bc.L)

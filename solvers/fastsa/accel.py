@@ -80,7 +80,7 @@ def pack_table(state: SlotState, pool: list[int], needed: list[bool]) -> tuple:
               np.asarray(table.movable_only, dtype=np.bool_),
               np.asarray(table.after_loss, dtype=np.bool_), np.asarray(needed, dtype=np.bool_),
               np.asarray(pool, dtype=_I64), np.asarray(state.size, dtype=_I64),
-              np.asarray(state.kept, dtype=np.bool_)]
+              np.asarray(state.kept, dtype=np.bool_), np.asarray(state.pin, dtype=_I64)]
     return tuple(parts)
 
 

@@ -1,7 +1,7 @@
 """FastSA's annealing loop compiled with numba (optional accelerator, issue 7).
 
-Why: the pure-Python loop of :meth:`hiremate.solvers.fastsa.solver.FastSA.anneal` spends its time on
-interpreter bookkeeping (bisections into per-value slot lists, tuple building, one NumPy call
+Why: the pure-Python loop of :meth:`hiremate.solvers.fastsa.solver.FastSA.anneal` spends its
+time on interpreter bookkeeping (bisections into per-value slot lists, tuple building, one NumPy call
 per range), 12-21 us of CPU per evaluated mutation on this project's machine; the target is
 10 us. This module is the same algorithm over flat arrays, compiled once (``cache=True``) to
 machine code: about 1.6 us per evaluated mutation.
@@ -13,7 +13,8 @@ without numba (tests check it):
 - the random stream is Python's own: :func:`_mt_random` is the Mersenne Twister of
   ``random.Random`` (``genrand_res53``), started from and written back to its state;
 - per-value production and use lists are rows of 2-D arrays (``P``/``U`` with counts
-  ``Pn``/``Un``), sorted like the Python lists; the annealer's ``slots_of``, ``removable``,
+  ``Pn``/``Un``), sorted like the Python lists, and the state's operations over them are
+  :mod:`hiremate.solvers.fastsa.kernel_slots`; the annealer's ``slots_of``, ``removable``,
   ``placed`` and their position maps are arrays with the same append / swap-remove order;
 - the deltas of a mutation are written to scratch arrays ``dl``/``dh``/``ds``.
 
@@ -33,6 +34,11 @@ import math
 import numpy as np
 from numba import njit
 
+from hiremate.solvers.fastsa.kernel_slots import (
+    ZERO, add_deltas, apply_deltas, argmax, bounds, can_remove, compact, first_slot,
+    forget_first, helper as _helper, insort, lists_remove, peak_with, remove_deltas,
+)
+
 NOP = -1
 DONE, FEASIBLE, GROW = 0, 1, 2
 """Status of :func:`anneal_chunk`: ran to the end of the chunk; stopped because the budget
@@ -45,13 +51,10 @@ N_INTS = 13
 # indices into the ``flts`` array
 F_COST, F_F, F_BEST_COST, F_TEMP = 0, 1, 2, 3
 N_FLTS = 4
-# typed constants: a literal argument (0, True) would compile a second copy of a helper
-ZERO = np.int64(0)
+# typed constants: a literal argument (True) would compile a second copy of a helper
 YES, NO = np.bool_(True), np.bool_(False)
 
 _jit = njit(cache=True, nogil=True)
-# helpers are called only from compiled code: no Python wrapper to generate (compiles faster)
-_helper = njit(cache=True, nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 
 
 # -- random.Random's Mersenne Twister (state: 624 words, then the position) ---------------------
@@ -88,329 +91,16 @@ def _mt_random(mt: np.ndarray) -> float:
     return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
 
 
-# -- sorted rows -----------------------------------------------------------------------------
-@_helper
-def _bl(arr: np.ndarray, row: int, n: int, v: int) -> int:
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if arr[row, mid] < v:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@_helper
-def _br(arr: np.ndarray, row: int, n: int, v: int) -> int:
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if v < arr[row, mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-@_helper
-def _insort(arr: np.ndarray, cnt: np.ndarray, row: int, v: int) -> int:
-    n = cnt[row]
-    k = _br(arr, row, n, v)
-    for i in range(n, k, -1):
-        arr[row, i] = arr[row, i - 1]
-    arr[row, k] = v
-    cnt[row] = n + 1
-    return n + 1
-
-
-@_helper
-def _delete(arr: np.ndarray, cnt: np.ndarray, row: int, v: int) -> None:
-    n = cnt[row]
-    k = _bl(arr, row, n, v)
-    for i in range(k, n - 1):
-        arr[row, i] = arr[row, i + 1]
-    cnt[row] = n - 1
-
-
-# -- SlotState, over arrays ------------------------------------------------------------------
-@_helper
-def _first_slot(x, ins_ptr, ins_idx, after_loss, P, Pn, fc, T, loss_slot):
-    """``SlotState.first_slot``."""
-    lo = fc[x]
-    if lo >= 0:
-        return lo
-    lo = loss_slot + 1 if after_loss[x] else 0
-    for q in range(ins_ptr[x], ins_ptr[x + 1]):
-        d = ins_idx[q]
-        if Pn[d] == 0:
-            return T
-        p0 = P[d, 0]
-        if p0 >= lo:
-            lo = p0 + 1
-    fc[x] = lo
-    return lo
-
-
-@_helper
-def _can_remove(x, t, extra, outs_ptr, outs_idx, kept, P, Pn, U, Un, T):
-    """``SlotState.can_remove``."""
-    for q in range(outs_ptr[x], outs_ptr[x + 1]):
-        d = outs_idx[q]
-        np_ = Pn[d]
-        k = _bl(P, d, np_, t)
-        if k > 0 or (0 <= extra < t):
-            continue
-        nxt = P[d, k + 1] if k + 1 < np_ else T
-        if extra > t and extra < nxt:
-            nxt = extra
-        elif nxt == T and kept[d]:
-            return False
-        nu = Un[d]
-        j = _br(U, d, nu, t)
-        if j < nu and U[d, j] < nxt:
-            return False
-    return True
-
-
-@_helper
-def _add_deltas(x, t, sins_ptr, sins_idx, souts_ptr, souts_idx, overhead, size, kept,
-                P, Pn, U, Un, T, dl, dh, ds, n):
-    """``SlotState.add_deltas``, appended to the deltas ``dl/dh/ds`` from index ``n``;
-    returns the new count."""
-    for q in range(sins_ptr[x], sins_ptr[x + 1]):
-        d = sins_idx[q]
-        np_ = Pn[d]
-        k = _bl(P, d, np_, t)
-        p = P[d, k - 1]
-        if k < np_:
-            nxt = P[d, k]
-        elif kept[d]:
-            continue
-        else:
-            nxt = T
-        j = _bl(U, d, Un[d], nxt) - 1
-        e0 = U[d, j] if j >= 0 and U[d, j] > p else p
-        if t > e0:
-            dl[n], dh[n], ds[n] = e0 + 1, t + 1, size[d]
-            n += 1
-    for q in range(souts_ptr[x], souts_ptr[x + 1]):
-        d = souts_idx[q]
-        s = size[d]
-        np_ = Pn[d]
-        nu = Un[d]
-        k = _bl(P, d, np_, t)
-        if k < np_:
-            nxt = P[d, k]
-            last_copy = False
-        else:
-            nxt = T
-            last_copy = kept[d]
-        j = _bl(U, d, nu, nxt) - 1
-        last_use = U[d, j] if j >= 0 else -1
-        if k:
-            p = P[d, k - 1]
-            if last_copy or last_use > t:
-                i = _bl(U, d, nu, t) - 1
-                e1 = U[d, i] if i >= 0 and U[d, i] > p else p
-                if e1 + 1 < t:
-                    dl[n], dh[n], ds[n] = e1 + 1, t, -s
-                    n += 1
-                continue
-        if last_copy:
-            dl[n], dh[n], ds[n] = t, T, s
-        else:
-            dl[n], dh[n], ds[n] = t, (last_use if last_use > t else t) + 1, s
-        n += 1
-    ov = overhead[x]
-    if ov:
-        dl[n], dh[n], ds[n] = t, t + 1, ov
-        n += 1
-    return n
-
-
-@_helper
-def _remove_deltas(x, t, outs_ptr, outs_idx, sins_ptr, sins_idx, overhead, size, kept,
-                   P, Pn, U, Un, T, dl, dh, ds, n):
-    """``SlotState.remove_deltas`` from index ``n``; returns the new count, -1 if invalid."""
-    for q in range(outs_ptr[x], outs_ptr[x + 1]):
-        d = outs_idx[q]
-        s = size[d]
-        np_ = Pn[d]
-        nu = Un[d]
-        k = _bl(P, d, np_, t)
-        if k + 1 < np_:
-            nxt = P[d, k + 1]
-            last_copy = False
-        else:
-            nxt = T
-            last_copy = kept[d]
-        j = _bl(U, d, nu, nxt) - 1
-        last_use = U[d, j] if j >= 0 else -1
-        if k:
-            p = P[d, k - 1]
-            if last_copy or last_use > t:
-                i = _bl(U, d, nu, t) - 1
-                e0 = U[d, i] if i >= 0 and U[d, i] > p else p
-                if s and e0 + 1 < t:
-                    dl[n], dh[n], ds[n] = e0 + 1, t, s
-                    n += 1
-                continue
-        elif last_copy or last_use > t:
-            return -1
-        if s:
-            dl[n] = t
-            dh[n] = T if last_copy else (last_use if last_use > t else t) + 1
-            ds[n] = -s
-            n += 1
-    for q in range(sins_ptr[x], sins_ptr[x + 1]):
-        d = sins_idx[q]
-        np_ = Pn[d]
-        k = _bl(P, d, np_, t)
-        p = P[d, k - 1]
-        if k < np_:
-            nxt = P[d, k]
-        elif kept[d]:
-            continue
-        else:
-            nxt = T
-        nu = Un[d]
-        j = _bl(U, d, nu, nxt) - 1
-        if U[d, j] == t:
-            i = _bl(U, d, nu, t) - 1
-            e1 = U[d, i] if i >= 0 and U[d, i] > p else p
-            dl[n], dh[n], ds[n] = e1 + 1, t + 1, -size[d]
-            n += 1
-    ov = overhead[x]
-    if ov:
-        dl[n], dh[n], ds[n] = t, t + 1, -ov
-        n += 1
-    return n
-
-
-@_helper
-def _compact(dl, dh, ds, evp, evs, n):
-    """``fastsa_state.compact`` in place: disjoint non-zero ranges in slot order."""
-    if n < 2:
-        return n
-    m = 0
-    for i in range(n):
-        evp[m], evs[m] = dl[i], ds[i]
-        evp[m + 1], evs[m + 1] = dh[i], -ds[i]
-        m += 2
-    for i in range(1, m):  # insertion sort by position (a few dozen events at most)
-        p, s = evp[i], evs[i]
-        j = i - 1
-        while j >= 0 and evp[j] > p:
-            evp[j + 1], evs[j + 1] = evp[j], evs[j]
-            j -= 1
-        evp[j + 1], evs[j + 1] = p, s
-    out = 0
-    cur = 0
-    start = 0
-    i = 0
-    while i < m:
-        pos = evp[i]
-        step = 0
-        while i < m and evp[i] == pos:
-            step += evs[i]
-            i += 1
-        if step == 0:
-            continue
-        if cur:
-            dl[out], dh[out], ds[out] = start, pos, cur
-            out += 1
-        cur += step
-        start = pos
-    return out
-
-
-@_helper
-def _argmax(mem, lo, hi):
-    """First slot of ``[lo, hi)`` holding the maximum (as ``ndarray.argmax``)."""
-    best = lo
-    v = mem[lo]
-    for i in range(lo + 1, hi):
-        if mem[i] > v:
-            v = mem[i]
-            best = i
-    return best
-
-
-@_helper
-def _peak_with(dl, dh, ds, win, n, mem, T, peak, peak_at):
-    """``SlotState.peak_with``: ``(new peak, a slot where it is reached)``."""
-    if n == 0:
-        return peak, peak_at
-    if n == 1:
-        lo, hi = dl[0], dh[0]
-        at = _argmax(mem, lo, hi)
-        local = mem[at] + ds[0]
-        i = at - lo
-    else:
-        lo, hi = T, 0
-        for q in range(n):
-            if dl[q] < lo:
-                lo = dl[q]
-            if dh[q] > hi:
-                hi = dh[q]
-        for k in range(lo, hi):
-            win[k] = mem[k]
-        for q in range(n):
-            s = ds[q]
-            for k in range(dl[q], dh[q]):
-                win[k] += s
-        at = _argmax(win, lo, hi)
-        local = win[at]
-        i = at - lo
-    if local >= peak:
-        return local, lo + i
-    if not lo <= peak_at < hi:
-        return peak, peak_at
-    at = lo + i
-    if lo:
-        j = _argmax(mem, ZERO, lo)
-        if mem[j] > local:
-            local, at = mem[j], j
-    if hi < T:
-        j = _argmax(mem, hi, T)
-        if mem[j] > local:
-            local, at = mem[j], j
-    return local, at
-
-
-@_helper
-def _apply(dl, dh, ds, n, mem):
-    for q in range(n):
-        s = ds[q]
-        for k in range(dl[q], dh[q]):
-            mem[k] += s
-
-
 @_helper
 def _lists_add(x, t, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un, ints):
     for q in range(ins_ptr[x], ins_ptr[x + 1]):
-        c = _insort(U, Un, ins_idx[q], t)
+        c = insort(U, Un, ins_idx[q], t)
         if c > ints[I_HW_U]:
             ints[I_HW_U] = c
     for q in range(outs_ptr[x], outs_ptr[x + 1]):
-        c = _insort(P, Pn, outs_idx[q], t)
+        c = insort(P, Pn, outs_idx[q], t)
         if c > ints[I_HW_P]:
             ints[I_HW_P] = c
-
-
-@_helper
-def _lists_remove(x, t, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un):
-    for q in range(outs_ptr[x], outs_ptr[x + 1]):
-        _delete(P, Pn, outs_idx[q], t)
-    for q in range(ins_ptr[x], ins_ptr[x + 1]):
-        _delete(U, Un, ins_idx[q], t)
-
-
-@_helper
-def _forget_first(x, rd_ptr, rd_idx, fc):
-    for q in range(rd_ptr[x], rd_ptr[x + 1]):
-        fc[rd_idx[q]] = -1
 
 
 @_helper
@@ -446,7 +136,8 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
     placed, ppos, best)``; ``sc``: scratch ``(dl, dh, ds, evp, evs, window)``.
     """
     (ins_ptr, ins_idx, outs_ptr, outs_idx, sins_ptr, sins_idx, souts_ptr, souts_idx, rd_ptr,
-     rd_idx, cost_of, overhead, out_bytes, fixed, after_loss, needed, pool, size, kept) = tab
+     rd_idx, cost_of, overhead, out_bytes, fixed, after_loss, needed, pool, size, kept,
+     pin) = tab
     seq, P, Pn, U, Un, mem, fc = st
     dl, dh, ds, evp, evs, win = sc
     S, Sn, removable, rpos, placed, ppos, best = walk
@@ -478,7 +169,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             x = pool[int(_mt_random(mt) * npool)]
             lo = fc[x]
             if lo < 0:
-                lo = _first_slot(x, ins_ptr, ins_idx, after_loss, P, Pn, fc, T, loss_slot)
+                lo = first_slot(x, ins_ptr, ins_idx, after_loss, pin, P, Pn, fc, T, loss_slot)
             if lo >= T:
                 continue
             t = lo + int(_mt_random(mt) * (T - lo))
@@ -491,7 +182,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             if (budget if budget > m else m) * c_new > g_max:
                 bounded += 1
                 continue
-            n = _add_deltas(x, t, sins_ptr, sins_idx, souts_ptr, souts_idx, overhead, size, kept,
+            n = add_deltas(x, t, sins_ptr, sins_idx, souts_ptr, souts_idx, overhead, size, kept,
                             P, Pn, U, Un, T, dl, dh, ds, ZERO)
             adding = True
         elif r < 0.67:  # remove a computation
@@ -499,7 +190,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
                 continue
             t = removable[int(_mt_random(mt) * n_rem)]
             x = seq[t]
-            n = _remove_deltas(x, t, outs_ptr, outs_idx, sins_ptr, sins_idx, overhead, size, kept,
+            n = remove_deltas(x, t, outs_ptr, outs_idx, sins_ptr, sins_idx, overhead, size, kept,
                                P, Pn, U, Un, T, dl, dh, ds, ZERO)
             if n < 0:
                 continue
@@ -514,34 +205,34 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             x = seq[t1]
             a = fc[x]
             if a < 0:
-                a = _first_slot(x, ins_ptr, ins_idx, after_loss, P, Pn, fc, T, loss_slot)
+                a = first_slot(x, ins_ptr, ins_idx, after_loss, pin, P, Pn, fc, T, loss_slot)
             if a < t1 - window:
                 a = t1 - window
             b = t1 + window + 1
             if b > T:
                 b = T
             t2 = a + int(_mt_random(mt) * (b - a))
-            if seq[t2] != NOP or not _can_remove(x, t1, t2, outs_ptr, outs_idx, kept, P, Pn, U, Un, T):
+            if seq[t2] != NOP or not can_remove(x, t1, t2, outs_ptr, outs_idx, kept, P, Pn, U, Un, T):
                 continue
             evaluated += 1
             g_max = f - temp * math.log(1.0 - _mt_random(mt))
-            n = _add_deltas(x, t2, sins_ptr, sins_idx, souts_ptr, souts_idx, overhead, size, kept,
+            n = add_deltas(x, t2, sins_ptr, sins_idx, souts_ptr, souts_idx, overhead, size, kept,
                             P, Pn, U, Un, T, dl, dh, ds, ZERO)
             _lists_add(x, t2, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un, ints)
-            n = _remove_deltas(x, t1, outs_ptr, outs_idx, sins_ptr, sins_idx, overhead, size, kept,
+            n = remove_deltas(x, t1, outs_ptr, outs_idx, sins_ptr, sins_idx, overhead, size, kept,
                                P, Pn, U, Un, T, dl, dh, ds, n)
-            n = _compact(dl, dh, ds, evp, evs, n)
+            n = compact(dl, dh, ds, evp, evs, n)
             c = flts[F_COST]
-            m, ub = _bounds(dl, dh, ds, n, peak, peak_at, YES)
+            m, ub = bounds(dl, dh, ds, n, peak, peak_at, YES)
             if (budget if budget > m else m) * c > g_max:
                 bounded += 1
-                _lists_remove(x, t2, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un)
+                lists_remove(x, t2, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un)
                 continue
             refresh = False
             if (budget if budget > ub else ub) * c > g_max:
-                m, new_at = _peak_with(dl, dh, ds, win, n, mem, T, peak, peak_at)
+                m, new_at = peak_with(dl, dh, ds, win, n, mem, T, peak, peak_at)
                 if (budget if budget > m else m) * c > g_max:
-                    _lists_remove(x, t2, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un)
+                    lists_remove(x, t2, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un)
                     continue
                 peak, peak_at = m, new_at
             elif m == ub:  # the bounds meet: the peak stays at its slot, same value
@@ -550,11 +241,11 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
                 refresh = True
             seq[t2] = x  # commit_move (begun: the list edit at t2 is kept)
             seq[t1] = NOP
-            _lists_remove(x, t1, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un)
-            _forget_first(x, rd_ptr, rd_idx, fc)
-            _apply(dl, dh, ds, n, mem)
+            lists_remove(x, t1, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un)
+            forget_first(x, rd_ptr, rd_idx, fc)
+            apply_deltas(dl, dh, ds, n, mem)
             if refresh:
-                peak_at = _argmax(mem, ZERO, T)
+                peak_at = argmax(mem, ZERO, T)
                 peak = mem[peak_at]
             f = (budget if budget > peak else peak) * c
             if peak <= budget and flts[F_COST] < flts[F_BEST_COST]:
@@ -575,7 +266,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
                         S[x, k] = t2
                         break
             continue
-        m, ub = _bounds(dl, dh, ds, n, peak, peak_at, NO)
+        m, ub = bounds(dl, dh, ds, n, peak, peak_at, NO)
         if (budget if budget > m else m) * c_new > g_max:
             bounded += 1
             continue
@@ -584,7 +275,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             known = True
         elif (budget if budget > ub else ub) * c_new > g_max:
             known = True
-            m, new_at = _peak_with(dl, dh, ds, win, n, mem, T, peak, peak_at)
+            m, new_at = peak_with(dl, dh, ds, win, n, mem, T, peak, peak_at)
             if (budget if budget > m else m) * c_new > g_max:
                 continue
         else:
@@ -594,8 +285,8 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             seq[t] = x
             _lists_add(x, t, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un, ints)
             flts[F_COST] += cost_of[x]
-            _forget_first(x, rd_ptr, rd_idx, fc)
-            _apply(dl, dh, ds, n, mem)
+            forget_first(x, rd_ptr, rd_idx, fc)
+            apply_deltas(dl, dh, ds, n, mem)
             k = Sn[x]
             S[x, k] = t
             Sn[x] = k + 1
@@ -603,7 +294,7 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
                 ints[I_HW_S] = k + 1
             for q in range(k + 1):
                 u = S[x, q]
-                if rpos[u] < 0:
+                if rpos[u] < 0 and u != pin[x]:
                     rpos[u] = n_rem
                     removable[n_rem] = u
                     n_rem += 1
@@ -612,10 +303,10 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             n_placed += 1
         else:  # commit_remove
             seq[t] = NOP
-            _lists_remove(x, t, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un)
+            lists_remove(x, t, ins_ptr, ins_idx, outs_ptr, outs_idx, P, Pn, U, Un)
             flts[F_COST] -= cost_of[x]
-            _forget_first(x, rd_ptr, rd_idx, fc)
-            _apply(dl, dh, ds, n, mem)
+            forget_first(x, rd_ptr, rd_idx, fc)
+            apply_deltas(dl, dh, ds, n, mem)
             k = Sn[x]
             for q in range(k):
                 if S[x, q] == t:
@@ -625,12 +316,12 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
             Sn[x] = k - 1
             n_rem = _drop(removable, rpos, n_rem, t)
             n_placed = _drop(placed, ppos, n_placed, t)
-            if k - 1 == 1 and needed[x]:
+            if k - 1 == 1 and needed[x] and rpos[S[x, 0]] >= 0:
                 n_rem = _drop(removable, rpos, n_rem, S[x, 0])
         if known:
             peak, peak_at = m, new_at
         else:
-            peak_at = _argmax(mem, ZERO, T)
+            peak_at = argmax(mem, ZERO, T)
             peak = mem[peak_at]
         f = (budget if budget > peak else peak) * c_new
         if peak <= budget and flts[F_COST] < flts[F_BEST_COST]:
@@ -642,21 +333,3 @@ def anneal_chunk(it1, iters, budget, temp0, log_ratio, stop_when_feasible, windo
     ints[I_NREM], ints[I_NPLACED] = n_rem, n_placed
     flts[F_F], flts[F_TEMP] = f, temp
     return status
-
-
-@_helper
-def _bounds(dl, dh, ds, n, peak, peak_at, disjoint):
-    """``SlotState.peak_bounds``: ``(lower, upper)`` bounds of the new peak."""
-    lower = peak
-    rise = 0
-    for q in range(n):
-        s = ds[q]
-        if dl[q] <= peak_at < dh[q]:
-            lower += s
-        if s > 0:
-            if disjoint:
-                if s > rise:
-                    rise = s
-            else:
-                rise += s
-    return lower, peak + rise

@@ -18,6 +18,9 @@ Objective: ``max(budget, M(S)) * C(S)``. Mutations: add a recomputation of a for
 free slot, remove a placed forward node, or move any non-loss node to a free slot (within a
 window around its slot, so that moves are mostly valid). Only forward nodes that produce no
 model output are ever added or removed: the loss and the backward nodes run exactly once.
+Random nodes must first run in the graph's order (the simulator's rule, which the executor
+needs): they are never fused into a group, and the first copy of each is pinned where the
+initial order puts it (recomputations may only come after it).
 
 Everything is seeded (``random.Random(seed)``) and deterministic. Speed (issue 7): the
 acceptance threshold is drawn before a mutation is evaluated, so most rejections come from a
@@ -40,6 +43,7 @@ from hiremate.ir.graph import FINAL_KINDS, SOURCE_KINDS, Graph
 from hiremate.ir.option import Option, pareto_front
 from hiremate.ir.schedule import Schedule
 from hiremate.ir.simulator import simulate
+from hiremate.ir.tracker import MemoryTracker
 from hiremate.solvers.fastsa import accel as fastsa_accel
 from hiremate.solvers.fastsa.state import NOP, NodeTable, SlotState
 from hiremate.solvers.menu import option_from_schedule
@@ -112,7 +116,8 @@ def _proposal_sets(state: SlotState) -> tuple[list[int], list[bool], dict[int, l
     another copy, or whose outputs nothing placed for good depends on. The only copy of a node
     that a fixed node needs (through its readers) can never be removed, so leaving it out keeps
     the removals drawn uniform among the valid ones and saves the draws that would fail.
-    ``placed``: every occupied slot but the loss's (move candidates).
+    ``placed``: every occupied slot but the loss's (move candidates). Pinned first copies
+    (:meth:`SlotState.pin_first_copies`) are neither removed nor moved.
     """
     table, seq, T = state.table, state.seq, state.T
     fixed = table.movable_only
@@ -122,9 +127,10 @@ def _proposal_sets(state: SlotState) -> tuple[list[int], list[bool], dict[int, l
     for t in range(T):
         if seq[t] != NOP:
             slots_of.setdefault(seq[t], []).append(t)
-    removable = [t for t in range(T) if seq[t] != NOP and not fixed[seq[t]]
+    pin = state.pin
+    removable = [t for t in range(T) if seq[t] != NOP and not fixed[seq[t]] and t != pin[seq[t]]
                  and (len(slots_of[seq[t]]) > 1 or not needed[seq[t]])]
-    placed = [t for t in range(T) if seq[t] != NOP and t != state.loss_slot]
+    placed = [t for t in range(T) if seq[t] != NOP and t != state.loss_slot and t != pin[seq[t]]]
     return pool, needed, slots_of, removable, placed
 
 
@@ -141,27 +147,27 @@ def primitive_table(graph: Graph) -> NodeTable:
 
 def _group_overhead(graph: Graph, members: tuple[int, ...], ins: set[int], outs: set[int],
                     sizes: list[int]) -> int:
-    """Peak of the values internal to a group while it runs (paper B.1)."""
+    """Peak of the values internal to a group while it runs (paper B.1): the members replayed
+    by the simulator's tracker, each internal value freed after its last read in the group,
+    with the group's inputs and outputs left out (the annealer's state counts those)."""
     last_use: dict[int, int] = {}
-    for k, m in enumerate(members):
-        for d in graph.nodes[m].inputs:
-            last_use[d] = k
-    alive = 0
-    peak = 0
-    internal_alive: dict[int, int] = {}
+    internal: dict[int, int] = {}
     for k, m in enumerate(members):
         node = graph.nodes[m]
-        internal = [d for d in node.outputs if d not in outs and d not in ins]
-        during = alive + sum(sizes[d] for d in internal) + node.overhead
-        peak = max(peak, during)
-        for d in internal:
-            if d not in internal_alive and last_use.get(d, -1) > k:
-                internal_alive[d] = sizes[d]
-                alive += sizes[d]
-        for d in list(internal_alive):
+        for d in node.inputs:
+            last_use[d] = k
+        for d in node.outputs:
+            internal[d] = 0 if d in outs or d in ins else sizes[d]
+    tracker = MemoryTracker(graph, alive=(), sizes=internal)
+    for k, m in enumerate(members):
+        tracker.compute(m)
+        for d in graph.nodes[m].outputs:
             if last_use.get(d, -1) <= k:
-                alive -= internal_alive.pop(d)
-    return peak
+                tracker.delete(d)
+        for d in graph.nodes[m].inputs:
+            if last_use[d] == k and d in internal:
+                tracker.delete(d)
+    return tracker.peak
 
 
 def group_nodes(graph: Graph, table: NodeTable, max_members: int = 24
@@ -192,8 +198,8 @@ def group_nodes(graph: Graph, table: NodeTable, max_members: int = 24
             prod_of.setdefault(d, set()).add(i)
     loss = graph.loss
     for i in range(n):
-        if not alive[i] or table.movable_only[i]:
-            continue
+        if not alive[i] or table.movable_only[i] or graph.nodes[i].random:
+            continue  # a random node keeps its own group: its first run stays in place
         if sum(sizes[d] for d in ins[i]) > sum(sizes[d] for d in outs[i]):
             continue
         users = sorted(j for j in consumers[i] if alive[j])
@@ -313,6 +319,7 @@ class FastSA:
         cost = table.cost
         out_bytes = state.out_bytes
         first_slot, first_cache = state.first_slot, state.first_cache
+        pin = state.pin
         fixed = table.movable_only
         rpos = {t: i for i, t in enumerate(removable)}
         ppos = {t: i for i, t in enumerate(placed)}
@@ -458,7 +465,7 @@ class FastSA:
                 copies = slots_of.setdefault(x, [])
                 copies.append(t)
                 for u in copies:
-                    if u not in rpos:
+                    if u not in rpos and u != pin[x]:
                         rpos[u] = len(removable)
                         removable.append(u)
                 ppos[t] = len(placed)
@@ -469,7 +476,7 @@ class FastSA:
                 copies.remove(t)
                 drop(removable, rpos, t)
                 drop(placed, ppos, t)
-                if len(copies) == 1 and needed[x]:
+                if len(copies) == 1 and needed[x] and copies[0] in rpos:
                     drop(removable, rpos, copies[0])
             if known:
                 state.peak, state.peak_at = m, state.new_at
@@ -487,7 +494,13 @@ class FastSA:
     def _state(self, graph: Graph, table: NodeTable, order: list[int]) -> SlotState:
         sizes, kept, _ = _data_facts(graph)
         loss_idx = next(i for i in order if table.members[i] == (graph.loss,))
-        return SlotState(table, order, len(graph.data), sizes, kept, loss_idx, self.gap)
+        state = SlotState(table, order, len(graph.data), sizes, kept, loss_idx, self.gap)
+        # random nodes first run in the graph's order (the simulator's rule): their first
+        # copies stay where the initial order (the graph's) puts them
+        placed = set(order)
+        state.pin_first_copies(x for x in range(len(table)) if x in placed and any(
+            graph.nodes[m].random for m in table.members[x]))
+        return state
 
     def solve(self, graph: Graph, budget: int) -> tuple[list[int], int, float]:
         """Anneal; return the compute sequence (node ids), its peak and time (simulated)."""

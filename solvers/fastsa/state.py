@@ -117,6 +117,7 @@ class SlotState:
                     readers[producer[d]].add(y)
         self.readers = [tuple(sorted(r)) for r in readers]
         self.first_cache = [-1] * len(table)
+        self.pin = [-1] * len(table)  # slot of a pinned first copy, -1: none (pin_first_copies)
         self.mem = np.zeros(self.T, dtype=np.int64)
         self.peak = 0          # max(mem), kept current by every commit
         self.peak_at = 0       # a slot where mem reaches the peak
@@ -147,10 +148,19 @@ class SlotState:
             return uses[j]
         return p
 
+    def pin_first_copies(self, nodes) -> None:
+        """Pin the first copy of each of ``nodes`` at its slot: it may neither move nor go, and
+        no copy may be added before it. Random nodes are pinned: their first runs then keep the
+        order of the initial sequence (the graph's, which the simulator requires)."""
+        for x in nodes:
+            self.pin[x] = self.seq.index(x)
+            self.first_cache[x] = -1
+
     # -- validity ----------------------------------------------------------------------------
     def can_add(self, x: int, t: int) -> bool:
-        """Every input of ``x`` is produced before slot ``t`` (and backward work after loss)."""
-        if self.table.after_loss[x] and t <= self.loss_slot:
+        """Every input of ``x`` is produced before slot ``t`` (and backward work after loss),
+        and ``t`` comes after the pinned first copy of ``x``, if any."""
+        if self.table.after_loss[x] and t <= self.loss_slot or t <= self.pin[x]:
             return False
         prods = self.prods
         for d in self.table.ins[x]:
@@ -169,6 +179,8 @@ class SlotState:
         if lo >= 0:
             return lo
         lo = self.loss_slot + 1 if self.table.after_loss[x] else 0
+        if self.pin[x] >= lo:
+            lo = self.pin[x] + 1
         prods = self.prods
         for d in self.table.ins[x]:
             p = prods[d]

@@ -25,6 +25,7 @@ from hiremate.ir.graph import SOURCE_KINDS, Graph
 from hiremate.ir.option import Option
 from hiremate.ir.schedule import Compute, Delete, Schedule
 from hiremate.ir.simulator import SimulationResult, simulate
+from hiremate.ir.tracker import MemoryTracker, counted_sizes
 from hiremate.units import fmt_bytes
 
 from hiremate.solvers.hilp.backends import BACKENDS, MilpResult, solve_milp
@@ -161,7 +162,7 @@ def warm_start(graph: Graph, model: HilpModel, budget: int, save_budget: int | N
         sim = simulate(graph, sched)
         if not sim.valid or sim.peak > budget:
             return math.inf
-        if save_budget is not None and _memory_before_loss(graph, sched) > save_budget:
+        if save_budget is not None and _memory_before_loss(graph, sched, sim) > save_budget:
             return math.inf
         return sim.time
 
@@ -223,43 +224,46 @@ def _phases_from_kept(graph: Graph, model: HilpModel, x: np.ndarray, theta: floa
 
 
 def assignment(model: HilpModel, graph: Graph, phases: Phases) -> np.ndarray:
-    """The full variable vector of ``phases`` with eager freeing (a warm start for backends)."""
+    """The full variable vector of ``phases`` with eager freeing (a warm start for backends):
+    the schedule replayed by the simulator's :class:`~hiremate.ir.tracker.MemoryTracker`,
+    memory in the model's ``mem_unit``."""
     milp = model.milp
     x = np.zeros(milp.shape[1])
     T = model.n_nodes
-    jof = {int(d): j for j, d in enumerate(model.data_ids)}
+    ids = model.data_ids.tolist()
+    jof = {d: j for j, d in enumerate(ids)}
     edge = {(int(j), int(k)): e for e, (j, k) in enumerate(zip(model.e_j, model.e_k))}
     schedule = phases_to_schedule(graph, phases)
-    size = model.size / model.mem_unit
-    alive = np.zeros(len(model.data_ids), bool)
+    tracker = MemoryTracker(graph)
+    unit = model.mem_unit
+    every = np.arange(len(ids))
+
+    def held(t: int) -> None:  # P[t, j]: value j alive when phase t starts
+        alive = np.array([d in tracker.alive for d in ids], bool)
+        idx = model.p(every, np.full(len(ids), t))
+        x[idx[idx >= 0]] = alive[idx >= 0]
+
     pos = 0
     for t, phase in enumerate(phases):
-        idx = model.p(np.arange(len(alive)), np.full(len(alive), t))
-        x[idx[idx >= 0]] = alive[idx >= 0]
-        mem = float(size @ alive)
+        held(t)
         run = set(phase)
         for k in range(t + 1):
-            x[model.v(t, k)] = mem
+            x[model.v(t, k)] = tracker.memory / unit
             if k not in run:
                 continue
             assert schedule[pos] == Compute(k)
             pos += 1
             x[model.r(t, k)] = 1
             for d in graph.nodes[k].outputs:
-                j = jof.get(d)
-                if j is not None:
-                    if not alive[j]:
-                        x[model.c(j, t)] = 1
-                        mem += size[j]
-                    alive[j] = True
+                if d in jof and d not in tracker.alive:
+                    x[model.c(jof[d], t)] = 1
+            tracker.compute(k)
             while pos < len(schedule) and isinstance(schedule[pos], Delete):
-                j = jof[schedule[pos].data]
-                x[model.d(edge[(j, k)], t)] = 1
-                alive[j] = False
-                mem -= size[j]
+                d = schedule[pos].data
+                x[model.d(edge[(jof[d], k)], t)] = 1
+                tracker.delete(d)
                 pos += 1
-    idx = model.p(np.arange(len(alive)), np.full(len(alive), T))
-    x[idx[idx >= 0]] = alive[idx >= 0]
+    held(T)
     return x
 
 
@@ -280,14 +284,13 @@ def memory_floor(graph: Graph) -> int:
     that order) are in memory. A solver that reorders independent nodes (FastSA) can go lower:
     a model output produced later in its order is not yet held
     (``tests/test_fuzz_solvers.py::test_reordering_forward_ops_can_beat_memory_floor``)."""
-    counted = [d.size if d.counted else 0 for d in graph.data]
+    counted = counted_sizes(graph)
     outs = set(graph.outputs)
     floor = 0
     for node in graph.nodes:
         held = set(node.inputs) | {o for o in outs if graph.data[o].producer is not None
                                    and graph.data[o].producer < node.id}
-        need = sum(counted[d] for d in held) + sum(counted[d] for d in node.outputs)
-        floor = max(floor, need + node.overhead)
+        floor = max(floor, MemoryTracker(graph, alive=held, sizes=counted).during(node.id))
     return floor
 
 
@@ -413,16 +416,10 @@ def lower_bound(graph: Graph, budget: int, save_budget: int | None = None) -> fl
     return res.objective if res.status in ("optimal", "feasible") else math.inf
 
 
-def _memory_before_loss(graph: Graph, schedule: Schedule) -> int:
-    sim_prefix = schedule[: schedule.index(Compute(graph.loss))]
-    counted = [d.size if d.counted else 0 for d in graph.data]
-    alive: set[int] = set()
-    for step in sim_prefix:
-        if isinstance(step, Compute):
-            alive.update(graph.nodes[step.node].outputs)
-        else:
-            alive.discard(step.data)
-    return sum(counted[d] for d in alive)
+def _memory_before_loss(graph: Graph, schedule: Schedule, sim: SimulationResult) -> int:
+    """Memory held just before the loss step (``sim`` is the valid simulation of ``schedule``)."""
+    cut = schedule.index(Compute(graph.loss))
+    return sim.profile[cut - 1] if cut else 0
 
 
 HILP_SOLVERS = {"hilp": HilpSolver, "checkmate": CheckmateSolver}

@@ -52,6 +52,8 @@ from hiremate.errors import SolverError
 from hiremate.ir.graph import ComputeNode, DataNode, Graph, NodeKind
 from hiremate.ir.option import Option
 from hiremate.ir.schedule import Compute
+from hiremate.ir.simulator import trace
+from hiremate.ir.tracker import counted_sizes
 
 from hiremate.solvers.hilp.model import HilpModel, Milp, _cap, _Rows, build_model
 
@@ -134,8 +136,7 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
     the B.3 correction credits them when the level above frees them after the node."""
     sub = block.graph
     dmap = block.data_map
-    counted = [d.size if d.counted else 0 for d in sub.data]
-    alive = [d.producer is None for d in sub.data]
+    counted = counted_sizes(sub)
     grads_in = set(sub.nodes[sub.loss].outputs)
     outs = set(sub.outputs)
     parts = (list(option.fwd), list(option.bwd))
@@ -152,32 +153,22 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
     def freed(p: int, i: int, strict: bool) -> frozenset:
         return frozenset(d for d, li in last[p].items() if (li < i if strict else li <= i))
 
-    mem = g_alive = held = 0
+    # the simulator's step rule over forward part, loss, backward part
+    cut = len(parts[0])
+    tr = trace(sub, tuple(parts[0]) + (Compute(sub.loss),) + tuple(parts[1]))
     fwd: list[tuple[int, frozenset]] = []
+    for i, step in enumerate(parts[0]):
+        if isinstance(step, Compute):
+            fwd.append((tr.during[i], freed(0, i, True)))
+        fwd.append((tr.after[i], freed(0, i, False)))
+    held = tr.after[cut - 1] if cut else tr.start
+    g_alive = tr.after[cut] - held  # the gradients in, made by the loss
     bwd_raw: list[tuple[int, frozenset]] = []
     recomputed: set[int] = set()
     made_bwd: set[int] = set()
     reads_fwd = False  # the backward part reads a forward value it did not make (not an output)
-    for i, step in enumerate(parts[0]):
-        if isinstance(step, Compute):
-            node = sub.nodes[step.node]
-            fwd.append((mem + sum(counted[d] for d in node.outputs) + node.overhead,
-                        freed(0, i, True)))
-            for d in node.outputs:
-                if not alive[d]:
-                    alive[d] = True
-                    mem += counted[d]
-        else:
-            alive[step.data] = False
-            mem -= counted[step.data]
-        fwd.append((mem, freed(0, i, False)))
-    held = mem
-    for d in sub.nodes[sub.loss].outputs:
-        if not alive[d]:
-            alive[d] = True
-            mem += counted[d]
-            g_alive += counted[d]
     for i, step in enumerate(parts[1]):
+        j = cut + 1 + i
         if isinstance(step, Compute):
             node = sub.nodes[step.node]
             reads_fwd = reads_fwd or any(
@@ -186,19 +177,10 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
                 and sub.nodes[sub.data[d].producer].kind is NodeKind.FWD for d in node.inputs)
             made_bwd.update(node.outputs)
             recomputed.update(d for d in node.outputs if d in outs)
-            bwd_raw.append((mem + sum(counted[d] for d in node.outputs) + node.overhead - g_alive,
-                            freed(1, i, True)))
-            for d in node.outputs:
-                if not alive[d]:
-                    alive[d] = True
-                    mem += counted[d]
+            bwd_raw.append((tr.during[j] - g_alive, freed(1, i, True)))
         else:
-            d = step.data
-            alive[d] = False
-            mem -= counted[d]
-            if d in grads_in:
-                g_alive -= counted[d]
-        bwd_raw.append((mem - g_alive, freed(1, i, False)))
+            g_alive -= sum(counted[d] for d in tr.freed[j] if d in grads_in)
+        bwd_raw.append((tr.after[j] - g_alive, freed(1, i, False)))
     out_b = sum(counted[d] for d in outs)
     phantom = max(held - out_b, 0)
     less = phantom + sum(counted[d] for d in outs - recomputed)

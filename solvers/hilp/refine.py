@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Sequence
 from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.ir.option import Option, pareto_front
 from hiremate.ir.schedule import Compute, Schedule
+from hiremate.ir.simulator import trace
 
 if TYPE_CHECKING:
     from hiremate.ir.blocks import Block, TopProblem
@@ -84,15 +85,13 @@ class BlockContext:
 def local_figures(block: "Block", option: Option) -> tuple[int, int, int]:
     """Forward peak, memory held before the loss, backward peak of ``option`` on the block's
     graph (the simulator's accounting, as the block's H-ILP budgets count)."""
-    from hiremate.solvers.menu import step_memory
-
     sub = block.graph
     sched = tuple(option.fwd) + (Compute(sub.loss),) + tuple(option.bwd)
-    during, after = step_memory(sub, sched)
+    tr = trace(sub, sched)
     cut = len(option.fwd)
-    fwd = max(during[:cut] + after[:cut], default=0)
-    held = after[cut - 1] if cut else 0
-    bwd = max(during[cut:] + after[cut:], default=0)
+    fwd = max(tr.during[:cut], default=0)
+    held = tr.after[cut - 1] if cut else 0
+    bwd = max(tr.during[cut:], default=0)
     return fwd, held, bwd
 
 
@@ -101,9 +100,7 @@ def step_slacks(problem: "TopProblem", top: "TopGraph", steps, schedule: Schedul
     """Per top-level step (phase, node, option) of a solution: ``budget`` minus the highest
     simulated memory while its full-graph steps run (None for a step with no compute, e.g. the
     backward of a block that has no backward node)."""
-    from hiremate.solvers.menu import step_memory
-
-    during, after = step_memory(problem.graph, schedule)
+    during = trace(problem.graph, schedule).during
     comp = [i for i, s in enumerate(schedule) if isinstance(s, Compute)]
     out: list[int | None] = []
     ci = 0
@@ -114,7 +111,7 @@ def step_slacks(problem: "TopProblem", top: "TopGraph", steps, schedule: Schedul
             continue
         a = comp[ci]
         b = comp[ci + n] if ci + n < len(comp) else len(schedule)
-        out.append(budget - max(during[a:b] + after[a:b]))
+        out.append(budget - max(during[a:b]))
         ci += n
     if ci != len(comp):
         raise SolverError("hilp-top refinement: the top-level steps do not cover the schedule "
