@@ -15,7 +15,8 @@ import time
 
 from hiremate.errors import HiremateError
 from hiremate.ir.simulator import autodiff_schedule, simulate
-from hiremate.solvers.hilp.flat import HilpSolver, memory_floor
+from hiremate.ir.tracker import memory_floor
+from hiremate.solvers.hilp.flat import HilpSolver
 from hiremate.solvers.hilp.model import build_model
 from hiremate.testing.synthetic import random_graph
 

@@ -73,7 +73,7 @@ def option_from_schedule(graph: Graph, schedule: Schedule, solver: str = "") -> 
 def budget_grid(graph: Graph, n_peak: int = 4, n_save: int = 3) -> list[tuple[int, int]]:
     """``n_peak x n_save`` budgets from the least memory any schedule needs up to what the
     store-everything schedule uses (peak, and memory held before the loss)."""
-    from hiremate.solvers.hilp.flat import memory_floor
+    from hiremate.ir.tracker import memory_floor
 
     ad = autodiff_schedule(graph)
     tr = trace(graph, ad)

@@ -33,7 +33,7 @@ from hiremate.solvers.protocols import menu_of, menu_pairs
 from hiremate.solvers.protocols import menu_of, menu_pairs
 from hiremate.registry import make_solver, solver_class, solver_names
 from hiremate.ir.schedule import Compute
-from hiremate.solvers.hilp.flat import memory_floor
+from hiremate.ir.tracker import memory_floor
 from hiremate.solvers.menu import option_from_schedule
 
 CI_EXAMPLES = int(os.environ.get("HIREMATE_FUZZ_EXAMPLES", "50"))

@@ -136,7 +136,7 @@ def test_zoo_model_at_half_the_autodiff_peak(name, tmp_path):
     """Feasible at 50% (required of every zoo model). A zoo model whose single
     node needs more than half the autodiff peak (``memory_floor``) fails here: that is a zoo
     defect (see the unet's 1x1 merge), not a case to skip."""
-    from hiremate.solvers.hilp.flat import memory_floor
+    from hiremate.ir.tracker import memory_floor
 
     model, sample = zoo.get(name, dtype=torch.float64)
     graph = hiremate.build_graph(model, sample)

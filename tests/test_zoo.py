@@ -280,7 +280,7 @@ def test_unet_no_single_convolution_dominates_the_memory():
     convolution's im2col buffer (float64 on CPU) makes one node need more than half of the
     autodiff peak (the original layout: 66%, which made 50% budgets impossible)."""
     import hiremate
-    from hiremate.solvers.hilp.flat import memory_floor
+    from hiremate.ir.tracker import memory_floor
 
     model, sample = zoo.get("unet", dtype=torch.float64)
     graph = hiremate.build_graph(model, sample)
