@@ -3,7 +3,7 @@
 A subgraph's CD-graph has its own loss node, standing for the rest of the model. Solving it
 over a grid of ``(M_peak, M_save)`` budgets gives schedules; each splits at the loss step into
 a forward part (steps before it) and a backward part (steps after it), summarised as an
-:class:`~hiremate.ir.option.Option` (``papers/hiremate-hierarchical.txt`` B.1). Only the
+:class:`~hiremate.ir.option.Option` (HiRemate, appendix B.1). Only the
 Pareto-optimal, distinct ones are kept.
 
 Option figures, relative to the interface (what the level above accounts for itself):

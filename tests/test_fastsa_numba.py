@@ -1,4 +1,4 @@
-"""FastSA's numba kernel takes exactly the Python reference's path (issue 7).
+"""FastSA's numba kernel takes exactly the Python reference's path.
 
 The truth is the pure-Python annealer (``accelerate="python"``): for each graph, budget and
 seed, the kernel must return the same sequence, peak and time, the same counters (attempts,

@@ -1,6 +1,6 @@
 """The simulator: the single source of truth for a schedule's validity, peak memory and time.
 
-Memory model (DESIGN.md, "Memory accounting"): only data of the kinds in ``COUNTED_KINDS``
+Memory model (docs/design.md, "Memory accounting"): only data of the kinds in ``COUNTED_KINDS``
 count; parameters, buffers, user inputs and parameter gradients do not. While a compute node
 runs, memory holds what is alive, all of the node's outputs (a recomputed output that is still
 alive counts twice until the step ends) and the node's temporary overhead. The model's outputs

@@ -7,7 +7,7 @@ this tracker run over a whole schedule, and every solver that needs per-step fig
 summaries, H-ILP's warm starts, the grouping of FastSA, the tails of the chain solvers) feeds a
 tracker instead of writing the rule again.
 
-The step rule (DESIGN.md, "Memory accounting"): only the sizes of counted data (see
+The step rule (docs/design.md, "Memory accounting"): only the sizes of counted data (see
 :data:`~hiremate.ir.graph.COUNTED_KINDS`) count. While compute node ``k`` runs, memory is what is
 alive plus *all* of ``k``'s outputs (a recomputed output still alive counts twice until the step
 ends) plus ``k``'s temporary overhead; after it, the outputs that were not alive are added. A

@@ -1,10 +1,10 @@
 """The executor: a schedule run as an ``nn.Module`` that autograd treats like any other.
 
-One call is one application of a ``torch.autograd.Function`` (DESIGN.md, "Executor"): its
+One call is one application of a ``torch.autograd.Function`` (docs/design.md, "The executor"): its
 forward runs the schedule up to the loss node and returns the model's outputs; its backward
 runs the rest of the schedule and returns the gradients of the inputs and of the parameters,
 so autograd accumulates ``.grad`` as usual, outputs can feed any further computation, and a
-module can be called several times before one ``backward`` (``papers/hiremate-hierarchical.txt``
+module can be called several times before one ``backward`` (HiRemate, appendix
 C.2.2). What a call keeps between its two phases (the values the schedule holds at the loss
 node and the RNG states) lives on the autograd context of that call, never on the module.
 

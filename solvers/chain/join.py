@@ -1,6 +1,6 @@
 """Graph-level join solver: several chains that meet at the loss (Siamese, cross-modal networks).
 
-``papers/join-networks.txt`` solves the *homogeneous* join (unit sizes and times,
+The join-networks paper solves the *homogeneous* join (unit sizes and times,
 :mod:`solvers.join_dp`). A real graph has a size, a time and an overhead per stage, so this module
 generalises its canonical form (Definition 8, Theorem 3) to heterogeneous chains with Rotor's
 conventions (:mod:`solvers.chain`): stage ``k`` of chain ``j`` is forward node ``f_{j,k}``,
@@ -331,7 +331,7 @@ def _emit_choice(em: _Emitter, choice, s, f, subs, sub_join, rev_ops) -> None:
 # -- the solver --------------------------------------------------------------------------------
 class JoinDP:
     """Optimal-in-its-family schedules of join graphs (several chains joining at the loss):
-    the heterogeneous generalisation of ``papers/join-networks.txt``'s dynamic program, with
+    the heterogeneous generalisation of the join-networks paper's dynamic program, with
     Rotor's persistent table for each chain's reversal and memory in ``slots`` slots."""
 
     name = "join"

@@ -1,5 +1,5 @@
 """Optimal rematerialisation of several homogeneous chains that join at the loss
-(``papers/join-networks.txt``: Siamese and cross-modal networks).
+(the join-networks paper: Siamese and cross-modal networks).
 
 Model (Table 3): ``k`` chains of lengths ``ℓ_j``; every forward value ``x_i^{(j)}`` and every
 backward value ``x̄_i^{(j)}`` takes one of ``c`` memory slots. Operations:

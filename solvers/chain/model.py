@@ -1,6 +1,6 @@
 """Chains of stages, the operations the chain solvers schedule, and their memory model.
 
-A chain (``papers/rotor-heterogeneous-chains.txt``, section 3.1) is a sequence of stages
+A chain (Rotor paper, section 3.1) is a sequence of stages
 ``1..n``; stage ``k`` reads the activation ``a^{k-1}`` and produces ``a^k``. The last stage plays
 the role of the loss in the paper (its ``F^{L+1}``/``B^{L+1}``): its forward runs once, right
 before its backward, which starts the backward phase (the *turn*). Backward ``B^k`` reads the

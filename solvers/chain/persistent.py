@@ -1,5 +1,5 @@
 """Rotor's persistent dynamic program, an engine over stages that offer menus
-(``papers/rotor-heterogeneous-chains.txt``, section 4.4, Algorithms 3-4), ``O(n^3 S)``.
+(Rotor paper, section 4.4, Algorithms 3-4), ``O(n^3 S)``.
 
 A :class:`StageModel` lists, per stage, the variants of "keep for the backward" it offers:
 Rotor (:mod:`hiremate.solvers.chain.rotor`) is the one-variant case and rk-Rotor

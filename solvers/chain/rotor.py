@@ -1,5 +1,5 @@
 """Rotor: optimal rematerialisation of heterogeneous chains
-(``papers/rotor-heterogeneous-chains.txt``).
+(the Rotor paper).
 
 Two dynamic programs over a :class:`~hiremate.solvers.chain.model.Chain`:
 

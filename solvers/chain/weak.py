@@ -1,4 +1,4 @@
-"""Rotor's weakly persistent dynamic program (``papers/rotor-heterogeneous-chains.txt``,
+"""Rotor's weakly persistent dynamic program (Rotor paper,
 section 4.3, Algorithms 1-2): optimal over all valid sequences (Lemma 4.4), with a floating
 materialised activation, ``O(n^6 S)`` and so only practical for short chains.
 :func:`hiremate.solvers.chain.rotor.solve_weak` runs it.

@@ -1,4 +1,4 @@
-"""Runs FastSA's annealing loop in the numba kernel (:mod:`fastsa_kernel`) when numba is there.
+"""Runs FastSA's annealing loop in the numba kernel (:mod:`hiremate.solvers.fastsa.kernel`) when numba is there.
 
 Why a separate module: numba is an optional dependency (``pip install hiremate[fast]``). This
 module imports it only when asked, packs a :class:`~hiremate.solvers.fastsa.state.SlotState`

@@ -228,7 +228,7 @@ def remove_deltas(x, t, outs_ptr, outs_idx, sins_ptr, sins_idx, overhead, size, 
 
 @helper
 def compact(dl, dh, ds, evp, evs, n):
-    """``fastsa_state.compact`` in place: disjoint non-zero ranges in slot order."""
+    """``SlotState.compact`` (:mod:`hiremate.solvers.fastsa.state`) in place: disjoint non-zero ranges in slot order."""
     if n < 2:
         return n
     m = 0

@@ -2,7 +2,7 @@
 
 Why annealing: on general graphs the exact formulations (Checkmate-style ILPs) grow with the
 square of the graph, while random local edits of a *sequence* (add a recomputation, remove one,
-move a node) are cheap to evaluate incrementally (:mod:`fastsa_state`: a few range changes of
+move a node) are cheap to evaluate incrementally (:mod:`hiremate.solvers.fastsa.state`: a few range changes of
 the memory profile, judged before they are applied), and they may also reorder nodes, which
 fixed-order methods cannot.
 
@@ -22,11 +22,11 @@ Random nodes must first run in the graph's order (the simulator's rule, which th
 needs): they are never fused into a group, and the first copy of each is pinned where the
 initial order puts it (recomputations may only come after it).
 
-Everything is seeded (``random.Random(seed)``) and deterministic. Speed (issue 7): the
+Everything is seeded (``random.Random(seed)``) and deterministic. For speed, the
 acceptance threshold is drawn before a mutation is evaluated, so most rejections come from a
 cheap exact lower bound and a rejected mutation is never applied (see :meth:`FastSA.anneal`).
 With numba installed (``pip install hiremate[fast]``) the loop runs compiled
-(:mod:`fastsa_kernel`, about 12x the mutations per second); it takes the same path for a seed.
+(:mod:`hiremate.solvers.fastsa.kernel`); it takes the same path for a seed.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ class FastSA:
     proven minimum). Returned schedules are replayed by ``hiremate.simulate``.
 
     ``accelerate``: ``"auto"`` runs the annealing loop in the numba kernel
-    (:mod:`fastsa_kernel`, ``pip install hiremate[fast]``) when numba is installed, else in
+    (:mod:`hiremate.solvers.fastsa.kernel`, ``pip install hiremate[fast]``) when numba is installed, else in
     Python; ``"python"`` always in Python (the reference); ``"numba"`` requires numba. Both
     take the same path for a seed.
     """

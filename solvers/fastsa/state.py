@@ -1,7 +1,7 @@
 """FastSA's annealing state: a slotted node sequence with incremental lifetimes and memory.
 
 The sequence is a fixed array of ``T`` slots, each holding a node index or ``NOP`` (-1)
-(``papers/fastsa-simulated-annealing.txt`` section 2.2). For every value it keeps the sorted
+(FastSA paper, section 2.2). For every value it keeps the sorted
 slots where it is produced and where it is read; a copy produced at slot ``p`` lives on
 ``[p, e]`` where ``e`` is its last reader before the next production (``p`` if none), or the
 last slot for values that must survive (model outputs, final gradients). The memory held at
@@ -12,14 +12,14 @@ Adding and removing a node are exact inverses, so a rejected mutation is undone 
 the opposite one. The memory at a slot that holds a node equals the simulator's memory while
 that node runs (alive values + all its outputs + its overhead), which tests check.
 
-Why it evaluates before it applies (issue 7): the annealer rejects most mutations, so applying a
+Why it evaluates before it applies: the annealer rejects most mutations, so applying a
 mutation and undoing it wasted most of its time. A mutation is a handful of range additions
 ("deltas") to the memory profile; :meth:`SlotState.add_deltas` / :meth:`remove_deltas` list
 them without touching the state, :meth:`peak_bound` gives a lower bound of the new peak in a few
 Python operations (the current peak slot plus the deltas that cover it), :meth:`peak_with` the
 exact new peak (a NumPy window), and :meth:`commit_add` / :meth:`commit_remove` apply them. The
 profile is a NumPy array rather than the pure-Python add-max segment tree
-(:mod:`fastsa_segtree`, kept as a reference): a slice addition costs about a microsecond
+(:mod:`hiremate.testing.segtree`, kept as a reference): a slice addition costs the same
 whatever its length, and the peak is refreshed once per applied mutation.
 """
 
