@@ -13,13 +13,14 @@ import math
 import numpy as np
 import pytest
 
+from hiremate.errors import ConfigError
 from hiremate.ir.simulator import autodiff_schedule, simulate
 from hiremate.partition import HPartition
 from hiremate.solvers.hilp import backends, flat
 from hiremate.solvers.hilp.backends import MilpResult, integer_objective
-from hiremate.solvers.hilp.hier import build_hier_model, gcd_unit_top, top_graph
+from hiremate.solvers.hilp.hier import build_hier_model, top_graph
 from hiremate.solvers.hilp.model import build_model, gcd_unit
-from hiremate.solvers.hilp.top import HilpTop
+from hiremate.solvers.hilp.top import HilpTop, gcd_unit_top
 from hiremate.testing.synthetic import random_graph
 from test_hilp_hier import problem_of
 from test_registry import residual_chain
@@ -56,6 +57,11 @@ def test_hilp_top_has_the_same_optimum_on_highs_cpsat_and_cbc(name):
         found[backend] = sol.objective
     assert found["cpsat"] == pytest.approx(found["highs"], rel=TIME_TOLERANCE)
     assert found["pulp"] == pytest.approx(found["highs"], rel=1e-9)
+
+
+def test_hilp_top_rejects_an_unknown_backend_at_configuration():
+    with pytest.raises(ConfigError, match="unknown backend 'gurobi'"):
+        HilpTop(backend="gurobi")
 
 
 def test_the_cpsat_memory_unit_makes_every_coefficient_an_integer():

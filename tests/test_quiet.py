@@ -192,7 +192,7 @@ def test_progress_takes_true_false_or_auto(bad):
         load_config("hiremate", progress=bad)
 
 
-# -- backends: the one asked for runs ---------------------------------------------------------------
+# -- backends: the one asked for runs ------------------------------------------------------------
 def _milp(cpsat: bool = False):
     from hiremate.solvers.hilp.model import gcd_unit
 

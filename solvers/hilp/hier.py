@@ -41,7 +41,6 @@ inputs freed inside a block are not modelled (conservative).
 from __future__ import annotations
 
 import heapq
-import math
 import time as _time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
@@ -54,7 +53,7 @@ from hiremate.ir.graph import ComputeNode, DataNode, Graph, NodeKind
 from hiremate.ir.option import Option
 from hiremate.ir.schedule import Compute
 
-from hiremate.solvers.hilp.model import HilpModel, Milp, _cap, _Rows, build_model, gcd_unit
+from hiremate.solvers.hilp.model import HilpModel, Milp, _cap, _Rows, build_model
 
 if TYPE_CHECKING:
     from hiremate.ir.blocks import Block, TopProblem
@@ -337,19 +336,6 @@ def top_graph(problem: "TopProblem", checkpoint: bool = True) -> TopGraph:
                                                    for nm in names],
                     [graph.loss if nm[0] == "loss" else nm[1] if nm[0] == "tail" else -1
                      for nm in names], costs, data_full)
-
-
-def gcd_unit_top(top: TopGraph) -> int:
-    """Largest integer dividing every memory figure of ``top``'s model (interface sizes, node
-    overheads, phantoms, option step peaks): a memory unit under which every constraint
-    coefficient is an integer, as CP-SAT needs, and the memory rows stay exact."""
-    g = gcd_unit(top.graph)
-    for costs in top.costs:
-        for oc in costs:
-            for w in (oc.phantom, *(w for w, _ in oc.fwd_profile),
-                      *(w for w, _ in oc.bwd_profile)):
-                g = math.gcd(g, int(w))
-    return max(g, 1)
 
 
 @dataclass

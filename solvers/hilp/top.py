@@ -32,9 +32,9 @@ from hiremate.units import fmt_bytes
 
 from hiremate.solvers.hilp.backends import solve_milp
 from hiremate.solvers.hilp.hier import (
-    HierModel, TopGraph, build_hier_model, carry_solution, gcd_unit_top, solution_sequence,
-    top_graph,
+    HierModel, TopGraph, build_hier_model, carry_solution, solution_sequence, top_graph,
 )
+from hiremate.solvers.hilp.model import gcd_unit
 
 if TYPE_CHECKING:
     from hiremate.ir.blocks import Candidate, TopProblem
@@ -249,6 +249,19 @@ class HilpTop:
         log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
                  len(top.graph.nodes), tried)
         return found, lowest, kept
+
+
+def gcd_unit_top(top: TopGraph) -> int:
+    """Largest integer dividing every memory figure of ``top``'s model (interface sizes, node
+    overheads, phantoms, option step peaks): a memory unit under which every constraint
+    coefficient is an integer, as CP-SAT needs, and the memory rows stay exact."""
+    g = gcd_unit(top.graph)
+    for costs in top.costs:
+        for oc in costs:
+            for w in (oc.phantom, *(w for w, _ in oc.fwd_profile),
+                      *(w for w, _ in oc.bwd_profile)):
+                g = math.gcd(g, int(w))
+    return max(g, 1)
 
 
 def block_solvers(top: TopGraph, steps) -> list[str]:
