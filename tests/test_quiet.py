@@ -192,6 +192,23 @@ def test_progress_takes_true_false_or_auto(bad):
         load_config("hiremate", progress=bad)
 
 
+def test_the_projects_warnings_fail_the_tests_that_do_not_expect_them():
+    """pyproject's filterwarnings: hiremate's category is an error wherever it is attributed,
+    so is any warning raised in a hiremate module, and so are PuLP's 4.0 deprecations."""
+    import warnings
+
+    from hiremate.errors import CacheWarning
+
+    with pytest.raises(CacheWarning):
+        warnings.warn("an unreadable cache entry", CacheWarning)
+    with pytest.raises(UserWarning):
+        warnings.warn_explicit("from our code", UserWarning, "x.py", 1, module="hiremate.x")
+    with pytest.raises(DeprecationWarning):
+        warnings.warn("LpVariable.dicts is deprecated; for PuLP 4.0 ...", DeprecationWarning)
+    with pytest.warns(RuntimeWarning):  # expected: fine (CacheWarning is a RuntimeWarning)
+        warnings.warn("an unreadable cache entry", CacheWarning)
+
+
 # -- backends: the one asked for runs ------------------------------------------------------------
 def _milp(cpsat: bool = False):
     from hiremate.solvers.hilp.model import gcd_unit

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from hiremate.errors import CacheWarning
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class MenuCache:
             value = payload["value"]
         except Exception as exc:  # corrupted entry: warn, drop it, solve again
             warnings.warn(f"hiremate cache entry {path} is unreadable ({exc}); it is removed "
-                          "and the result solved again", RuntimeWarning, stacklevel=2)
+                          "and the result solved again", CacheWarning, stacklevel=2)
             try:
                 path.unlink()
             except OSError:
