@@ -160,7 +160,8 @@ def main(argv=None) -> int:
             if not args.no_lp:
                 t0 = time.perf_counter()
                 lb = lower_bound(g, budget)
-                lp = ovh(lb) if math.isfinite(lb) else "infeasible"
+                lp = ("unsolved" if lb is None
+                      else ovh(lb) if math.isfinite(lb) else "infeasible")
                 lp_s = time.perf_counter() - t0
             print(f"| {name} | {len(g.nodes)} | {len(problem.blocks)} | {frac:.2f} | {flat} | "
                   f"{flat_bound} | "

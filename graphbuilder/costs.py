@@ -138,7 +138,11 @@ def _run_and_trace_memory(gm, inputs, device) -> tuple[dict[str, Any], dict[str,
         return env, temps
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from hiremate.quiet import QuietContext
+
+    # the profiler's native side prints a line when it starts and when it stops: to the log
+    with QuietContext(profile(activities=[ProfilerActivity.CPU], profile_memory=True),
+                      "torch profiler") as prof:
         for node in calls:
             args, kwargs = _args(node, env)
             with record_function(f"hrm::{node.name}"):

@@ -1,6 +1,10 @@
 """Configurations of the whole pipeline: which partitioner, which solvers at which level, and how
 to run them (parallelism, cache, progress). Presets are YAML files in ``configs/``.
 
+Progress bars (``progress``) are drawn on stderr when it is a terminal (``"auto"``, the
+default), always (``true``) or never (``false``): a library call in a script, a notebook's
+captured cell or a CI log stays quiet unless asked.
+
 Levels (where a solver may be placed):
 
 - ``flat``: whole-graph solvers (``schedule(graph, budget)``), tried on graphs of at most
@@ -34,6 +38,7 @@ from typing import Any, Mapping
 import yaml
 
 from hiremate.errors import ConfigError
+from hiremate.quiet import check_progress
 
 #: Folder of the YAML presets (the repository's ``configs/``).
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -62,7 +67,7 @@ class Config:
     backend: str = "loky"        # any joblib backend ("loky", "threading", "dask", ...)
     cache: bool = True
     cache_dir: str | None = None  # default: $HIREMATE_CACHE or ~/.cache/hiremate
-    progress: bool = True
+    progress: bool | str = "auto"  # bars: True, False, or "auto" (only when stderr is a terminal)
     calibrate: int = 2           # re-solves when the measured peak exceeds the budget (0: off)
     reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.composer.pool)
     on_new_inputs: str = "recapture"  # other input shapes: "recapture" (solve again) or "raise"
@@ -116,10 +121,14 @@ class Config:
     def _check_types(self) -> None:
         """The remaining fields' types, so that a YAML typo fails here and not mid-solve."""
         expect = {"name": str, "description": str, "backend": str, "cache": bool,
-                  "progress": bool, "reuse_schedules": bool, "partitioner_params": dict, "solver_params": dict}
+                  "reuse_schedules": bool, "partitioner_params": dict, "solver_params": dict}
         for key, typ in expect.items():
             if hasattr(self, key) and not isinstance(getattr(self, key), typ):
                 raise ConfigError(f"{key} must be a {typ.__name__}, got {getattr(self, key)!r}")
+        try:
+            check_progress(self.progress)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         for key, typ in (("flat_max_nodes", int), ("hierarchical_above", (int, float))):
             v = getattr(self, key, 0)
             if isinstance(v, bool) or not isinstance(v, typ) or not v >= 0:

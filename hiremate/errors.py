@@ -16,6 +16,15 @@ class HiremateError(Exception):
     """Base class of every error raised by hiremate."""
 
 
+class HiremateWarning(UserWarning):
+    """Base class of every warning hiremate raises (a test suite can turn them all into
+    errors by this category, wherever the warning is attributed)."""
+
+
+class CacheWarning(HiremateWarning, RuntimeWarning):
+    """A menu-cache entry could not be used; it is removed and the result solved again."""
+
+
 class GraphCaptureError(HiremateError, RuntimeError):
     """No capture path could turn the model into a graph.
 

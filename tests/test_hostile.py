@@ -233,7 +233,9 @@ def test_corrupted_cache_file_warns_and_is_solved_again(tmp_path):
 
 
 # -- solver backends ------------------------------------------------------------------------------------
-def test_missing_milp_backend_uses_the_next_one(monkeypatch, caplog):
+def test_missing_milp_backend_is_an_error_not_a_substitute(monkeypatch):
+    """The backend asked for is the one that runs: when it cannot be imported, a SolverError
+    says so (no other backend stands in), and another backend asked for explicitly works."""
     real = builtins.__import__
 
     def no_highspy(name, *args, **kwargs):
@@ -246,10 +248,9 @@ def test_missing_milp_backend_uses_the_next_one(monkeypatch, caplog):
     peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
     from hiremate.solvers.hilp.flat import HilpSolver
 
-    with caplog.at_level(logging.WARNING):
-        sched = HilpSolver(time_limit=5.0).schedule(g, int(0.9 * peak))
-    assert "H-ILP backend 'highs' is not installed (No module named 'highspy' (simulated)); " \
-           "trying the next one" in caplog.text
+    with pytest.raises(hiremate.SolverError, match="backend 'highs'.*No module named 'highspy'"):
+        HilpSolver(time_limit=5.0).schedule(g, int(0.9 * peak))
+    sched = HilpSolver(time_limit=5.0, backend="pulp").schedule(g, int(0.9 * peak))
     sim = hiremate.simulate(g, sched)
     assert sim.valid and sim.peak <= int(0.9 * peak)
 

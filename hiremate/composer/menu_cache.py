@@ -29,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from hiremate.errors import FormatError
+from hiremate.errors import CacheWarning, FormatError
 from hiremate.ir.option import Option, option_from_dict, option_to_dict
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
 
@@ -92,7 +92,7 @@ class MenuCache:
                 value = decode(value)
         except Exception as exc:  # unusable entry: warn, drop it, solve again
             warnings.warn(f"hiremate cache entry {path} is unreadable ({exc}); it is removed "
-                          "and the result solved again", RuntimeWarning, stacklevel=2)
+                          "and the result solved again", CacheWarning, stacklevel=2)
             _unlink(path)
             self.misses += 1
             return None
@@ -130,7 +130,7 @@ class MenuCache:
         if legacy.is_file():
             warnings.warn(f"hiremate cache entry {legacy} is in the pickle format of an earlier "
                           "version, which is never loaded (a pickle can run code); it is "
-                          "removed and the result solved again", RuntimeWarning, stacklevel=3)
+                          "removed and the result solved again", CacheWarning, stacklevel=3)
             _unlink(legacy)
 
 

@@ -78,9 +78,14 @@ def _runtime_free(cfg: Any) -> dict:
 
 
 def _progress(cfg: Any, iterable, desc: str, total: int | None = None):
+    """``iterable`` with a progress bar when ``cfg.progress`` asks for one: ``True``, or
+    ``"auto"`` with stderr a terminal (:func:`hiremate.quiet.show_progress`)."""
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, desc=desc, total=total, disable=not cfg.progress, leave=False)
+    from hiremate.quiet import show_progress
+
+    return tqdm(iterable, desc=desc, total=total, disable=not show_progress(cfg.progress),
+                leave=False)
 
 
 def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:

@@ -338,12 +338,17 @@ def _forward_backward(fn: Callable, args: tuple, kwargs: dict, loss_fn: Callable
 
 
 def _cpu_profile() -> Any:
-    """A CPU profile that records allocations.
+    """A CPU profile that records allocations (use it as a context manager).
 
     The autograd profiler that ``torch.profiler.profile`` wraps: the wrapper's start imports
-    ``torch._inductor`` (seconds, once per process) only to read a CUDA-graph setting.
+    ``torch._inductor`` (seconds, once per process) only to read a CUDA-graph setting. Its
+    native side prints a line to the console when it starts and when it stops; those go to
+    the debug log (:class:`hiremate.quiet.QuietContext`).
     """
-    return torch.autograd.profiler.profile(use_kineto=True, use_cpu=True, profile_memory=True)
+    from hiremate.quiet import QuietContext
+
+    return QuietContext(torch.autograd.profiler.profile(use_kineto=True, use_cpu=True,
+                                                        profile_memory=True), "torch profiler")
 
 
 @functools.cache

@@ -31,7 +31,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from hiremate.sweep.driver import run_sweep
 
     outcome = run_sweep(args.file, args.out, backend=args.backend, scheduler=args.scheduler,
-                        n_jobs=args.n_jobs, progress=not args.no_progress,
+                        n_jobs=args.n_jobs, progress=False if args.no_progress else "auto",
                         retry_errors=args.retry_errors)
     statuses: dict[str, int] = {}
     for rec in outcome.store.cells.values():

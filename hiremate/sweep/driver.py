@@ -68,13 +68,14 @@ def _finished(store: ResultStore, cell: Cell, retry_errors: bool) -> bool:
 
 def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path | None = None, *,
               backend: str | None = None, scheduler: str | None = None,
-              n_jobs: int | None = None, progress: bool = True, retry_errors: bool = False,
+              n_jobs: int | None = None, progress: bool | str = "auto", retry_errors: bool = False,
               plots: bool = True) -> SweepOutcome:
     """Run the cells of ``spec`` that ``out_dir`` has not finished; see the module docstring.
 
     ``backend``/``n_jobs`` override the file's; ``scheduler`` is a dask scheduler address
     (backend ``dask``; without it a local cluster is started). Cells that ended in ``error``
-    are run again only with ``retry_errors``.
+    are run again only with ``retry_errors``. ``progress``: bars always (True), never
+    (False), or only when stderr is a terminal ("auto").
     """
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec)
@@ -95,9 +96,11 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path | None = None, *
 
     from tqdm.auto import tqdm
 
+    from hiremate.quiet import show_progress
+
     todo = [c for c in eager_cells + other_cells if not _finished(store, c, retry_errors)]
     skipped = [c.key for c in eager_cells + other_cells if c not in todo]
-    bar = tqdm(total=len(todo), desc=f"sweep {spec.name}", unit="cell", disable=not progress)
+    bar = tqdm(total=len(todo), desc=f"sweep {spec.name}", unit="cell", disable=not show_progress(progress))
     try:
         for phase in (eager_cells, other_cells):
             cells = [c for c in phase if c in todo]

@@ -83,12 +83,13 @@ def _capture(cell: Any, spec: SweepSpec, path: Path) -> Graph:
 
 
 def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, Any]],
-             out_dir: Path, progress: bool = True) -> Presolved:
+             out_dir: Path, progress: bool | str = "auto") -> Presolved:
     """Capture one graph per model of ``cells`` and solve its hiremate cells, largest budget
     first (see the module docstring). Failures are left to the cells to report."""
     from tqdm.auto import tqdm
 
     from hiremate.api import solve_graph
+    from hiremate.quiet import show_progress
 
     out = Presolved()
     overrides = sweep_overrides(spec, out_dir)
@@ -103,7 +104,7 @@ def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, 
         budget, _ = cell.budget.resolve(int(ref["measured_peak"]))
         by_model[cell.model.label].append((budget, cell))
     total = sum(len(v) for v in by_model.values())
-    bar = tqdm(total=total, desc="presolve", unit="solve", disable=not progress or not total)
+    bar = tqdm(total=total, desc="presolve", unit="solve", disable=not show_progress(progress) or not total)
     try:
         for label, jobs in by_model.items():
             try:

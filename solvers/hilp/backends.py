@@ -6,12 +6,19 @@ time limit, a relative MIP gap and an optional warm-start vector, and returns a
 ``"feasible"``. Why several: HiGHS is fast and always installed; CP-SAT is strong on the
 pure-binary structure and uses several workers; PuLP reaches CBC and, where installed, Gurobi
 (the solver used in the paper).
+
+The backend asked for is the one that runs: when its package is missing, a
+:class:`~hiremate.errors.SolverError` says so (only ``backend="auto"`` picks one). Every backend
+runs with its console output off; HiGHS's banner, which it prints when its first solver object
+is created, goes to the debug log (:func:`hiremate.quiet.silenced_fds`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -21,11 +28,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from hiremate.errors import SolverError
+from hiremate.quiet import silenced_fds
 from hiremate.solvers.hilp.model import Milp
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("highs", "cpsat", "pulp")
+#: ``auto``: the first installed of HiGHS, PuLP and CP-SAT (CP-SAT only for a model whose
+#: constraint coefficients are integers)
+BACKENDS = ("highs", "cpsat", "pulp", "auto")
+#: backend -> (module that must import, how to install it)
+_PACKAGES = {"highs": ("highspy", "pip install highspy"),
+             "cpsat": ("ortools", "pip install ortools"),
+             "pulp": ("pulp", "pip install pulp")}
 
 
 @dataclass
@@ -45,6 +59,33 @@ class MilpResult:
         return self.status in ("optimal", "feasible") and self.x is not None
 
 
+def installed(backend: str) -> bool:
+    """Whether ``backend``'s package is installed (found, not imported: highspy and ortools
+    cannot both be loaded in one process, see :func:`_loaded`)."""
+    module = _PACKAGES[backend][0]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def integral(milp: Milp) -> bool:
+    """Whether every constraint coefficient of ``milp`` is an integer (what CP-SAT needs)."""
+    data = milp.A.data
+    return bool(np.all(np.abs(data - np.round(data)) <= 1e-9 * np.maximum(1.0, np.abs(data))))
+
+
+def choose_backend(milp: Milp, relax: bool = False) -> str:
+    """The backend ``"auto"`` stands for: the LP relaxation needs HiGHS; otherwise the first
+    installed of HiGHS, PuLP and (for an integral model) CP-SAT."""
+    order = ("highs",) if relax else ("highs", "pulp", "cpsat")
+    for name in order:
+        if installed(name) and (name != "cpsat" or integral(milp)):
+            return name
+    raise SolverError("no H-ILP backend is installed for this model; install highspy "
+                      "(pip install highspy), pulp, or ortools")
+
+
 def solve_milp(
     milp: Milp,
     backend: str = "highs",
@@ -57,22 +98,20 @@ def solve_milp(
 ) -> MilpResult:
     """Solve ``milp`` with ``backend``; ``relax`` drops integrality (HiGHS only: the LP bound).
 
-    When the backend's package is not installed, the next backend of :data:`BACKENDS` that is
-    installed solves the model instead, with a warning (SolverError when none is)."""
+    ``backend="auto"`` picks one (:func:`choose_backend`); any other name is the backend that
+    runs, and a :class:`SolverError` says so when its package is not installed."""
     if backend not in BACKENDS:
         raise SolverError(f"unknown H-ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    # PuLP first among the others: CP-SAT needs a model built with an integer memory unit
-    order = [backend] if relax else [backend] + [b for b in ("pulp", "highs", "cpsat")
-                                                 if b != backend]
-    missing: list[str] = []
-    for name in order:
-        try:
-            return _solve_with(milp, name, time_limit, mip_gap, hint, threads, relax, pulp_solver)
-        except ImportError as exc:
-            missing.append(f"{name} ({exc})")
-            log.warning("H-ILP backend %r is not installed (%s); trying the next one", name, exc)
-    raise SolverError(f"no H-ILP backend is installed: {'; '.join(missing)}; install highspy "
-                      "(pip install highspy), ortools or pulp")
+    name = choose_backend(milp, relax) if backend == "auto" else backend
+    module, how = _PACKAGES[name]
+    if not installed(name):
+        raise SolverError(f"H-ILP backend {name!r} needs the package {module!r}, which is not "
+                          f"installed ({how})")
+    try:
+        return _solve_with(milp, name, time_limit, mip_gap, hint, threads, relax, pulp_solver)
+    except ImportError as exc:
+        raise SolverError(f"H-ILP backend {name!r}: {module!r} is installed but fails to "
+                          f"import ({exc}); reinstall it ({how})") from exc
 
 
 def _solve_with(milp, backend, time_limit, mip_gap, hint, threads, relax, pulp_solver):
@@ -101,6 +140,11 @@ def _loaded(module: str) -> bool:
     return module in sys.modules
 
 
+#: precedes the pickled result on the worker's result channel: whatever else reached that
+#: channel before it (it should be nothing) is skipped
+_MARK = b"\x00hiremate-milp-result\x00"
+
+
 def _in_subprocess(fn: str, args: tuple, time_limit: float) -> MilpResult:
     code = "from hiremate.solvers.hilp.backends import _worker; _worker()"
     try:
@@ -108,27 +152,55 @@ def _in_subprocess(fn: str, args: tuple, time_limit: float) -> MilpResult:
                               capture_output=True, timeout=float(time_limit) + 120.0)
     except subprocess.TimeoutExpired as exc:
         raise SolverError(f"H-ILP backend {fn} did not return in time") from exc
+    err = proc.stderr.decode(errors="replace")
     if proc.returncode != 0:
-        raise SolverError(f"H-ILP backend {fn} failed in its subprocess: "
-                          f"{proc.stderr.decode(errors='replace')[-2000:]}")
-    result = pickle.loads(proc.stdout)
+        raise SolverError(f"H-ILP backend {fn} failed in its subprocess: {err[-2000:]}")
+    for line in err.splitlines():
+        if line.strip():
+            log.debug("%s subprocess: %s", fn, line.rstrip())
+    at = proc.stdout.rfind(_MARK)
+    try:
+        if at < 0:
+            raise ValueError("no result marker")
+        result = pickle.loads(proc.stdout[at + len(_MARK):])
+    except Exception as exc:  # a garbled channel: say what came back
+        raise SolverError(f"H-ILP backend {fn}: its subprocess returned no readable result "
+                          f"({exc}); it wrote {proc.stdout[:200]!r} and {err[-2000:]!r}") from exc
     if isinstance(result, Exception):
         raise result
     return result
 
 
 def _worker() -> None:
-    """Entry point of the subprocess: read (function name, args), write the result."""
+    """Entry point of the subprocess: read (function name, args), write the result.
+
+    The result travels on a copy of the original stdout; descriptor 1 itself is pointed at
+    stderr first, so that anything native code prints (HiGHS's banner) cannot garble it."""
+    channel = os.fdopen(os.dup(1), "wb")
+    sys.stdout.flush()
+    os.dup2(2, 1)
     fn, args = pickle.loads(sys.stdin.buffer.read())
     try:
         result = globals()[fn](*args)
     except Exception as exc:  # handed back to the parent, which raises it
         result = exc
-    sys.stdout.buffer.write(pickle.dumps(result))
-    sys.stdout.flush()
+    channel.write(_MARK + pickle.dumps(result))
+    channel.flush()
 
 
 # -- HiGHS ------------------------------------------------------------------------------------
+def _new_highs():
+    """A HiGHS solver object with its output off. HiGHS prints its banner when the first one
+    of a process is created, before any option can be set: the creation runs with the
+    console descriptors diverted to the debug log."""
+    import highspy
+
+    with silenced_fds(what="HiGHS"):
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+    return h
+
+
 def _solve_highs(milp, time_limit, mip_gap, hint, threads, relax) -> MilpResult:
     import highspy
 
@@ -150,8 +222,7 @@ def _solve_highs(milp, time_limit, mip_gap, hint, threads, relax) -> MilpResult:
             highspy.HighsVarType.kInteger if f else highspy.HighsVarType.kContinuous
             for f in milp.integer
         ]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     # below hilp_model.MEM_MARGIN (1e-6 of the unit), as the memory rows assume; HiGHS's
@@ -192,15 +263,44 @@ def _solve_highs(milp, time_limit, mip_gap, hint, threads, relax) -> MilpResult:
 
 
 # -- CP-SAT -----------------------------------------------------------------------------------
+#: CP-SAT's objective has integer coefficients: times are scaled so that the largest one is
+#: this many steps, then rounded (each coefficient within half a step of its exact value)
+CPSAT_TIME_STEPS = 2 ** 30
+#: and so that no objective value the variables' bounds allow exceeds this (far within int64)
+_CPSAT_REACH = 2 ** 52
+
+
+def integer_objective(c: np.ndarray, lo: np.ndarray, hi: np.ndarray
+                      ) -> tuple[np.ndarray, float, float]:
+    """Integer coefficients for CP-SAT's objective: ``(rounded c * scale, scale, error)``, where
+    ``error`` bounds ``|c.x - rounded.x / scale|`` over the box ``lo <= x <= hi``. A nonzero
+    coefficient stays nonzero (at least one step), so that no node becomes free to rerun."""
+    c = np.asarray(c, float)
+    nz = c != 0
+    if not nz.any():
+        return np.zeros(len(c), np.int64), 1.0, 0.0
+    reach = np.maximum(np.abs(lo), np.abs(hi))
+    big = float(np.abs(c).max())
+    total = float(np.abs(c) @ reach)
+    scale = min(CPSAT_TIME_STEPS / big, _CPSAT_REACH / max(total, big))
+    ci = np.round(c * scale)
+    ci[nz & (ci == 0)] = np.sign(c[nz & (ci == 0)])
+    error = float(np.abs(ci / scale - c) @ reach)
+    return ci.astype(np.int64), scale, error
+
+
 def _solve_cpsat(milp, time_limit, mip_gap, hint, threads) -> MilpResult:
     """CP-SAT needs integer variables and coefficients: the model must be built with an
-    integer memory unit (``hilp_model.gcd_unit``); every variable is then an integer."""
+    integer memory unit (``hilp_model.gcd_unit``, ``hier.gcd_unit_top``); every variable is
+    then an integer. The objective (times) is scaled to integers (:func:`integer_objective`);
+    the reported objective is recomputed exactly from the solution, the bound is lowered by
+    the rounding error."""
     from ortools.sat.python import cp_model
 
     A = milp.A.tocsr()
-    if not np.allclose(A.data, np.round(A.data)):
-        raise SolverError("CP-SAT needs integer coefficients: build the model with "
-                          "mem_unit=gcd_unit(graph)")
+    if not integral(milp):
+        raise SolverError("CP-SAT needs integer constraint coefficients: build the model with "
+                          "an integer memory unit (mem_unit=gcd_unit(graph))")
     model = cp_model.CpModel()
     lo = np.ceil(milp.col_lo - 1e-9).astype(np.int64)
     hi = np.floor(milp.col_hi + 1e-9).astype(np.int64)
@@ -216,8 +316,9 @@ def _solve_cpsat(milp, time_limit, mip_gap, hint, threads) -> MilpResult:
         lb = cp_model.INT_MIN if np.isinf(rlo) else int(math.ceil(rlo - 1e-9))
         ub = cp_model.INT_MAX if np.isinf(rhi) else int(math.floor(rhi + 1e-9))
         model.add_linear_constraint(expr, lb, ub)
-    nz = np.flatnonzero(milp.c)
-    model.minimize(cp_model.LinearExpr.weighted_sum([xs[c] for c in nz], milp.c[nz].tolist()))
+    ci, scale, error = integer_objective(milp.c, lo, hi)
+    nz = np.flatnonzero(ci)
+    model.minimize(cp_model.LinearExpr.weighted_sum([xs[c] for c in nz], ci[nz].tolist()))
     if hint is not None:
         for c in np.flatnonzero(milp.integer):
             model.add_hint(xs[c], int(round(hint[c])))
@@ -225,6 +326,7 @@ def _solve_cpsat(milp, time_limit, mip_gap, hint, threads) -> MilpResult:
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.relative_gap_limit = float(mip_gap)
     solver.parameters.num_workers = max(int(threads), 1)
+    solver.parameters.log_search_progress = False
     start = time.perf_counter()
     st = solver.solve(model)
     elapsed = time.perf_counter() - start
@@ -240,26 +342,65 @@ def _solve_cpsat(milp, time_limit, mip_gap, hint, threads) -> MilpResult:
         raise SolverError(f"CP-SAT stopped with status {solver.status_name(st)}")
     if status in ("optimal", "feasible"):
         x = np.array([solver.value(v) for v in xs], float)
-        return MilpResult(status, x, float(solver.objective_value),
-                          float(solver.best_objective_bound), elapsed, "cpsat")
+        bound = float(solver.best_objective_bound) / scale - error
+        return MilpResult(status, x, float(milp.c @ x), bound, elapsed, "cpsat")
     return MilpResult(status, None, math.inf, -math.inf, elapsed, "cpsat")
 
 
 # -- PuLP -------------------------------------------------------------------------------------
-def _pulp_solver(name: str, time_limit, mip_gap, threads, warm: bool):
+#: names of CBC in ``pulp_solver``: "CBC" and "COIN_CMD" (a ``cbc`` on the PATH, else the one
+#: bundled with PuLP); "PULP_CBC_CMD" is PuLP's deprecated name of the bundled one
+_CBC_NAMES = ("CBC", "COIN_CMD", "PULP_CBC_CMD")
+
+
+def _cbc(kwargs: dict, threads: int):
+    """CBC through ``COIN_CMD``, PuLP's supported CBC interface: the ``cbc`` on the PATH (or
+    from ``pulp[cbc]``), else the binary bundled with PuLP (which the deprecated
+    ``PULP_CBC_CMD`` would run)."""
     import pulp
 
-    available = set(pulp.listSolvers(onlyAvailable=True))
-    if name == "auto":
-        name = next((s for s in ("GUROBI", "GUROBI_CMD", "PULP_CBC_CMD") if s in available),
-                    "PULP_CBC_CMD")
-    if name not in available:
-        raise SolverError(f"PuLP solver {name!r} is not available here; available: "
-                          f"{', '.join(sorted(available))}")
+    solver = pulp.getSolver("COIN_CMD", threads=threads, **kwargs)
+    if solver.available():
+        return solver
+    legacy = getattr(pulp, "PULP_CBC_CMD", None)  # the class; not instantiated (it warns)
+    bundled = getattr(legacy, "pulp_cbc_path", None)
+    if bundled and os.path.isfile(bundled):
+        solver = pulp.getSolver("COIN_CMD", path=bundled, threads=threads, **kwargs)
+        if solver.available():
+            return solver
+    raise SolverError("PuLP's CBC is not available here: install it (pip install 'pulp[cbc]') "
+                      "or put a cbc executable on the PATH")
+
+
+def _pulp_solver(name: str, time_limit, mip_gap, threads, warm: bool):
+    """The PuLP solver ``name`` ("auto": Gurobi where available, else CBC), output off."""
+    import pulp
+
     kwargs = dict(msg=False, timeLimit=time_limit, gapRel=mip_gap, warmStart=warm)
-    if name == "PULP_CBC_CMD":
-        kwargs["threads"] = threads
-    return pulp.getSolver(name, **kwargs)
+    if name == "auto":
+        name = next((s for s in ("GUROBI", "GUROBI_CMD")
+                     if pulp.getSolver(s, msg=False).available()), "CBC")
+    if name in _CBC_NAMES:
+        return _cbc(kwargs, threads)
+    try:
+        solver = pulp.getSolver(name, **kwargs)
+    except pulp.PulpSolverError as exc:
+        raise SolverError(f"PuLP knows no solver {name!r}: {exc}") from exc
+    if not solver.available():
+        raise SolverError(f"PuLP solver {name!r} is not available here; available: "
+                          f"{', '.join(sorted(pulp.listSolvers(onlyAvailable=True)))}")
+    return solver
+
+
+def _new_variable(prob, name: str, lo: float, hi: float, cat: str):
+    """A variable of ``prob``: ``LpProblem.add_variable`` where PuLP has it (the form PuLP
+    4.0 keeps), else the ``LpVariable`` constructor of older PuLP."""
+    import pulp
+
+    add = getattr(prob, "add_variable", None)
+    if add is not None:
+        return add(name, lowBound=lo, upBound=hi, cat=cat)
+    return pulp.LpVariable(name, lowBound=lo, upBound=hi, cat=cat)
 
 
 def _solve_pulp(milp, time_limit, mip_gap, hint, threads, solver_name) -> MilpResult:
@@ -269,8 +410,8 @@ def _solve_pulp(milp, time_limit, mip_gap, hint, threads, solver_name) -> MilpRe
     n = A.shape[1]
     prob = pulp.LpProblem("hilp", pulp.LpMinimize)
     xs = [
-        pulp.LpVariable(f"x{i}", lowBound=float(milp.col_lo[i]), upBound=float(milp.col_hi[i]),
-                        cat=pulp.LpInteger if milp.integer[i] else pulp.LpContinuous)
+        _new_variable(prob, f"x{i}", float(milp.col_lo[i]), float(milp.col_hi[i]),
+                      pulp.LpInteger if milp.integer[i] else pulp.LpContinuous)
         for i in range(n)
     ]
     nz = np.flatnonzero(milp.c)

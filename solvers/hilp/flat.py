@@ -391,12 +391,20 @@ class CheckmateSolver(HilpSolver):
     name = "checkmate"
 
 
-def lower_bound(graph: Graph, budget: int, save_budget: int | None = None) -> float:
-    """Value of the LP relaxation: no schedule within ``budget`` is faster (``inf`` when even
-    the relaxation is infeasible)."""
+def lower_bound(graph: Graph, budget: int, save_budget: int | None = None,
+                time_limit: float = 600.0) -> float | None:
+    """Value of the LP relaxation, solved to optimality within ``time_limit`` seconds: no
+    schedule within ``budget`` is faster. ``inf`` when even the relaxation is infeasible;
+    None when the LP stopped before its optimum (a point it stopped at bounds nothing)."""
     model = build_model(graph, budget, save_budget)
-    res = solve_milp(model.milp, "highs", time_limit=600.0, relax=True)
-    return res.objective if res.status in ("optimal", "feasible") else math.inf
+    res = solve_milp(model.milp, "highs", time_limit=time_limit, relax=True)
+    if res.status == "optimal":
+        return res.objective
+    if res.status == "infeasible":
+        return math.inf
+    log.info("lower_bound: the LP relaxation stopped %s after %.3gs: no bound",
+             res.status, res.solve_time)
+    return None
 
 
 def _memory_before_loss(graph: Graph, schedule: Schedule, sim: SimulationResult) -> int:

@@ -34,6 +34,7 @@ from hiremate.solvers.hilp.backends import solve_milp
 from hiremate.solvers.hilp.hier import (
     HierModel, TopGraph, build_hier_model, carry_solution, solution_sequence, top_graph,
 )
+from hiremate.solvers.hilp.model import gcd_unit
 
 if TYPE_CHECKING:
     from hiremate.ir.blocks import Candidate, TopProblem
@@ -67,10 +68,18 @@ class HilpTop:
 
     def __init__(self, time_limit: float = 30.0, mip_gap: float = 1e-4, retries: int = 4,
                  backend: str = "highs", threads: int = 1, checkpoint: bool = True,
-                 refine_rounds: int = 1, refine_min: int = 8, refine_time: float = 20.0):
-        """``refine_rounds``: context-aware menu refinement rounds (0: off) for the blocks of
+                 refine_rounds: int = 1, refine_min: int = 8, refine_time: float = 20.0,
+                 pulp_solver: str = "auto"):
+        """``backend``: the MILP backend (:data:`~hiremate.solvers.hilp.backends.BACKENDS`;
+        with ``pulp``, ``pulp_solver`` names PuLP's solver, e.g. ``CBC``).
+        ``refine_rounds``: context-aware menu refinement rounds (0: off) for the blocks of
         at least ``refine_min`` forward nodes, ``refine_time`` seconds per block H-ILP (none
         is started after four times that in a round)."""
+        from hiremate.solvers.hilp.backends import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ConfigError(f"hilp-top: unknown backend {backend!r}; choose one of "
+                              f"{', '.join(BACKENDS)}")
         self.time_limit = float(time_limit)
         self.mip_gap = float(mip_gap)
         self.retries = int(retries)
@@ -83,9 +92,18 @@ class HilpTop:
         self.refine_rounds = int(refine_rounds)
         self.refine_min = int(refine_min)
         self.refine_time = float(refine_time)
+        self.pulp_solver = str(pulp_solver)
 
     def applicable(self, graph: Graph) -> bool:
         return True
+
+    def memory_unit(self, top: TopGraph, budget: int) -> float:
+        """The memory scale of the top-level models: the budget (coefficients near 1 for the
+        LP-based backends), or for CP-SAT, which needs integer coefficients, the largest
+        integer dividing every memory figure (exact)."""
+        if self.backend == "cpsat":
+            return float(gcd_unit_top(top))
+        return float(max(budget, 1))
 
     def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int,
                  start_from: TopSolution | None = None,
@@ -94,16 +112,19 @@ class HilpTop:
         ``start_from``: a solution of a model of the same top graph, at most as many options
         per block, the same ``mem_unit`` and a budget no higher, offered to the backend as a
         starting point (it satisfies the new model, so a time-limited solve can only improve
-        on it). ``mem_unit``: the memory scale of the model (default: ``abstract``)."""
+        on it). ``mem_unit``: the memory scale of the model (default:
+        :meth:`memory_unit` of ``abstract``)."""
         from hiremate.ir.sequence import sequence_to_schedule
 
         start = time.perf_counter()
+        if mem_unit is None:
+            mem_unit = self.memory_unit(top, abstract)
         hm: HierModel = build_hier_model(top, abstract, mem_unit)
         hint = None
         if start_from is not None and start_from.model is not None:
             hint = carry_solution(start_from.model, start_from.x, hm)
         res = solve_milp(hm.milp, self.backend, self.time_limit, self.mip_gap, hint,
-                         threads=self.threads)
+                         threads=self.threads, pulp_solver=self.pulp_solver)
         secs = time.perf_counter() - start
         if not res.has_solution:
             return TopSolution(abstract, res.status, math.inf, res.bound, secs, [], [], None)
@@ -178,7 +199,7 @@ class HilpTop:
         # one memory scale for every try, so that a solution of a lower abstract budget is a
         # solution of a higher one too: each retry upwards starts from the fastest schedule
         # that fitted (a time-limited try then never returns a slower one)
-        unit = float(max(budget, 1))
+        unit = self.memory_unit(top, budget)
         warm_from = start_from
         for _ in range(max(self.retries, 1)):
             hint = (warm_from if warm_from is not None
@@ -228,6 +249,19 @@ class HilpTop:
         log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
                  len(top.graph.nodes), tried)
         return found, lowest, kept
+
+
+def gcd_unit_top(top: TopGraph) -> int:
+    """Largest integer dividing every memory figure of ``top``'s model (interface sizes, node
+    overheads, phantoms, option step peaks): a memory unit under which every constraint
+    coefficient is an integer, as CP-SAT needs, and the memory rows stay exact."""
+    g = gcd_unit(top.graph)
+    for costs in top.costs:
+        for oc in costs:
+            for w in (oc.phantom, *(w for w, _ in oc.fwd_profile),
+                      *(w for w, _ in oc.bwd_profile)):
+                g = math.gcd(g, int(w))
+    return max(g, 1)
 
 
 def block_solvers(top: TopGraph, steps) -> list[str]:
