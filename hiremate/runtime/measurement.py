@@ -3,7 +3,7 @@
 Every method (eager PyTorch, hiremate, ``torch.utils.checkpoint``, torch.compile's
 ``activation_memory_budget``) is measured by this one function, so that their figures compare.
 
-What is measured (DESIGN.md, "Memory accounting"): the peak of the bytes allocated during one
+What is measured (docs/design.md, "Budgets, and the real peak"): the peak of the bytes allocated during one
 forward+backward, above what was allocated before the forward, *not counting parameter
 gradients* (parameters are allocated before the forward, so they never count). This is the
 quantity the simulator predicts and a budget bounds. Gradients of user inputs that require grad

@@ -2,7 +2,7 @@
 
 ``HilpSolver`` ("hilp") and ``CheckmateSolver`` ("checkmate") share the flat formulation of
 :mod:`hiremate.solvers.hilp.model`; on a graph whose nodes have one option each, H-ILP *is*
-rk-Checkmate (``papers/hiremate-hierarchical.txt`` 3.2.2, "Optimality w.r.t. partitioning").
+rk-Checkmate (HiRemate, section 3.2.2, "Optimality w.r.t. partitioning").
 
 Extraction does not trust the solver's deletion variables: the phases (which nodes run in each
 phase, read from ``R``) are replayed with eager freeing (each value freed right after its last

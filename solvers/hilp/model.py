@@ -3,7 +3,7 @@
 Why a separate module: the formulation is the part that must agree with the simulator, and the
 backends (HiGHS, CP-SAT, PuLP) only ever see the matrices built here.
 
-Phases (``papers/hiremate-hierarchical.txt`` B.2, ``papers/rockmate.txt`` B): phase ``t`` runs a
+Phases (HiRemate, appendix B.2; Rockmate, appendix B): phase ``t`` runs a
 subsequence of the nodes ``0..t`` in increasing order and ends with the first computation of node
 ``t``. A value may be freed only right after a compute step that produces or reads it (every
 eager freeing of a fixed compute sequence has this form, so nothing is lost).

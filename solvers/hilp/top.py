@@ -59,7 +59,7 @@ class TopSolution:
 
 
 class HilpTop:
-    """Hierarchical H-ILP (``papers/hiremate-hierarchical.txt`` 3.2.2, appendix B) at the top
+    """Hierarchical H-ILP (HiRemate, section 3.2.2 and appendix B) at the top
     level: blocks are compute nodes with option menus, phantoms carry what a block's forward
     keeps for its backward."""
 
