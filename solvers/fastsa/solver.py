@@ -6,7 +6,7 @@ move a node) are cheap to evaluate incrementally (:mod:`hiremate.solvers.fastsa.
 the memory profile, judged before they are applied), and they may also reorder nodes, which
 fixed-order methods cannot.
 
-The pipeline (paper sections 2.2, 2.2.2, C.1, D.4):
+The pipeline (FastSA paper, sections 2.2, 2.2.2, C.1, D.4):
 
 1. the initial sequence is the graph's own order, spread over ``gap`` slots per node;
 2. node grouping (Algorithm 1): a forward node whose outputs are no larger than its inputs is

@@ -5,7 +5,7 @@ time limit, a relative MIP gap and an optional warm-start vector, and returns a
 :class:`MilpResult`. When time runs out the best incumbent is returned with status
 ``"feasible"``. Why several: HiGHS is fast and always installed; CP-SAT is strong on the
 pure-binary structure and uses several workers; PuLP reaches CBC and, where installed, Gurobi
-(the solver used in the paper).
+(the solver the HiRemate paper used).
 
 The backend asked for is the one that runs: when its package is missing, a
 :class:`~hiremate.errors.SolverError` says so (only ``backend="auto"`` picks one). Every backend

@@ -1,4 +1,5 @@
-"""Hierarchical H-ILP: the top-level MILP over blocks with option menus (paper 3.2.2, app. B).
+"""Hierarchical H-ILP: the top-level MILP over blocks with option menus (HiRemate, section
+3.2.2 and appendix B).
 
 Why a separate module from :mod:`hiremate.solvers.hilp.model`: the flat formulation stays the
 one that must agree with the simulator node by node; here it is *reused* on a small top graph
