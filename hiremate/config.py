@@ -125,10 +125,7 @@ class Config:
         for key, typ in expect.items():
             if hasattr(self, key) and not isinstance(getattr(self, key), typ):
                 raise ConfigError(f"{key} must be a {typ.__name__}, got {getattr(self, key)!r}")
-        try:
-            check_progress(self.progress)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        check_progress(self.progress)
         for key, typ in (("flat_max_nodes", int), ("hierarchical_above", (int, float))):
             v = getattr(self, key, 0)
             if isinstance(v, bool) or not isinstance(v, typ) or not v >= 0:

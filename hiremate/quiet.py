@@ -139,9 +139,12 @@ class QuietContext:
 
 
 def check_progress(value: Any) -> None:
-    """Raise ``ValueError`` unless ``value`` is one of :data:`PROGRESS_CHOICES`."""
+    """Raise :class:`hiremate.ConfigError` (a ``ValueError``) unless ``value`` is one of
+    :data:`PROGRESS_CHOICES`."""
+    from hiremate.errors import ConfigError
+
     if not any(value is c if isinstance(c, bool) else value == c for c in PROGRESS_CHOICES):
-        raise ValueError(f"progress must be true, false or 'auto', got {value!r}")
+        raise ConfigError(f"progress must be true, false or 'auto', got {value!r}")
 
 
 def show_progress(progress: Any) -> bool:

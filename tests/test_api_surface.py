@@ -29,7 +29,15 @@ BUILTIN_EXCEPTIONS = {c for c in vars(builtins).values()
 # -- errors -------------------------------------------------------------------------------------
 def _error_classes() -> list[type]:
     return [c for _, c in inspect.getmembers(errors, inspect.isclass)
-            if issubclass(c, BaseException) and c.__module__ == errors.__name__]
+            if issubclass(c, BaseException) and not issubclass(c, Warning)
+            and c.__module__ == errors.__name__]
+
+
+def test_every_warning_is_a_hiremate_warning():
+    warns = [c for _, c in inspect.getmembers(errors, inspect.isclass)
+             if issubclass(c, Warning) and c.__module__ == errors.__name__]
+    assert errors.CacheWarning in warns
+    assert all(issubclass(c, errors.HiremateWarning) for c in warns)
 
 
 def test_every_error_is_a_hiremate_error_and_a_builtin_one():

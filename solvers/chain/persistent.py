@@ -358,3 +358,18 @@ def discretise(model: StageModel, avail: float, slots: int) -> tuple[StageModel,
         S = int(math.floor(avail))
         return model.scaled(1.0), S
     return model.scaled(avail / slots if avail > 0 else 1.0), slots
+
+
+def fitting_min_memory(model: StageModel, budget: float, base: float,
+                       what: str) -> tuple[float, list[tuple]]:
+    """:func:`min_memory`, checked against ``budget`` (of which ``base``, the chain input, is
+    taken first): an :class:`InfeasibleBudgetError` naming the least budget when it does not
+    fit. The tolerance is relative, capped below a byte, so that 2**40-byte sizes cannot let a
+    byte slip."""
+    exact_min, min_ops = min_memory(model)
+    if budget - base < exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
+        low = base + exact_min
+        raise InfeasibleBudgetError(f"budget {budget} is below the {what} minimum {low}; raise "
+                                    "the budget", min_budget=math.ceil(low))
+    return exact_min, min_ops
+

@@ -34,12 +34,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from hiremate.errors import InfeasibleBudgetError, InvalidGraphError, SolverError
+from hiremate.errors import InvalidGraphError, SolverError
 
 from hiremate.ir.option import Option, pareto_front
 from hiremate.solvers.chain.model import ChainStepError
 from hiremate.solvers.chain.persistent import (
-    DEFAULT_SLOTS, PersistentTable, StageModel, discretise, min_memory,
+    DEFAULT_SLOTS, PersistentTable, StageModel, discretise, fitting_min_memory, min_memory,
 )
 
 
@@ -264,11 +264,7 @@ def solve_blocks(bc: BlockChain, budget: float, slots: int = DEFAULT_SLOTS) -> B
     up to ``(budget - x[0]) / slots``). :class:`InfeasibleBudgetError` when nothing fits."""
     model = bc.stage_model()
     avail = budget - bc.x[0]
-    exact_min, min_ops = min_memory(model)
-    if avail < exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
-        low = bc.x[0] + exact_min
-        raise InfeasibleBudgetError(f"budget {budget} is below the minimum {low} of this block "
-                                    "chain; raise the budget", min_budget=math.ceil(low))
+    exact_min, min_ops = fitting_min_memory(model, budget, bc.x[0], "block chain's")
     scaled, S = discretise(model, avail, slots)
     table = PersistentTable(scaled, S)
     seq = table.sequence() if np.isfinite(table.cost(1, model.n)[S]) else min_ops

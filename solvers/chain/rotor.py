@@ -29,7 +29,7 @@ from hiremate.solvers.chain.model import (
     solution, store_all_ops,
 )
 from hiremate.solvers.chain.persistent import (
-    _EPS, DEFAULT_SLOTS, PersistentTable, StageModel, discretise, min_memory,
+    _EPS, DEFAULT_SLOTS, PersistentTable, StageModel, discretise, fitting_min_memory, min_memory,
 )
 from hiremate.solvers.chain.weak import WeakTable
 
@@ -60,12 +60,7 @@ def solve_persistent(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) ->
     sequence fits."""
     model = StageModel.from_chain(chain)
     avail = budget - chain.x[0]
-    exact_min, min_ops = min_memory(model)
-    # relative float tolerance, capped below a byte: 2**40-byte sizes must not let a byte slip
-    if avail < exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
-        low = chain.x[0] + exact_min
-        raise InfeasibleBudgetError(f"budget {budget} is below the persistent minimum {low}; "
-                                    "raise the budget", min_budget=math.ceil(low))
+    exact_min, min_ops = fitting_min_memory(model, budget, chain.x[0], "persistent")
     store = store_all_ops(chain)
     if simulate_chain(chain, store).peak <= budget:  # nothing to recompute: skip rounding
         return solution(chain, store, budget)

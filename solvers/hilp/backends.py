@@ -159,9 +159,10 @@ def _in_subprocess(fn: str, args: tuple, time_limit: float) -> MilpResult:
         if line.strip():
             log.debug("%s subprocess: %s", fn, line.rstrip())
     at = proc.stdout.rfind(_MARK)
+    if at < 0:
+        raise SolverError(f"H-ILP backend {fn}: its subprocess returned no readable result (no "
+                          f"result marker); it wrote {proc.stdout[:200]!r} and {err[-2000:]!r}")
     try:
-        if at < 0:
-            raise ValueError("no result marker")
         result = pickle.loads(proc.stdout[at + len(_MARK):])
     except Exception as exc:  # a garbled channel: say what came back
         raise SolverError(f"H-ILP backend {fn}: its subprocess returned no readable result "
