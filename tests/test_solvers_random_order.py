@@ -26,6 +26,7 @@ from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.schedule import Compute
 from hiremate.registry import make_solver, solver_class, solver_names
 from hiremate.runtime.executor import RematModule
+from hiremate.solvers.protocols import menu_of
 
 #: solvers that schedule chain-shaped graphs only: a dropout (bernoulli, then a multiply that
 #: reads the mask and the input) is not a chain, so they must say they do not apply
@@ -110,6 +111,9 @@ FLAT = [n for n in solver_names() if hasattr(solver_class(n), "schedule")]
 BOTTOM = [n for n in solver_names() if hasattr(solver_class(n), "menu")]
 COMPOSERS = [n for n in solver_names() if getattr(solver_class(n), "composer", False)]
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+#: every preset as shipped, and through blocks where it has a composer to run them
+PRESET_CASES = [(p, False) for p in PRESETS] + \
+    [(p, True) for p in PRESETS if hiremate.load_config(p).top]
 
 
 def test_every_registered_solver_is_covered() -> None:
@@ -146,19 +150,17 @@ def test_menu_options_keep_the_random_order(name: str, caplog) -> None:
     if not solver.applicable(g):
         assert name in CHAIN_ONLY, f"{name} refuses a small general graph"
         return
-    options = solver.menu(g, menu_budgets(solver, g, 3, 2))
+    options = menu_of(solver, g, menu_budgets(solver, g, 3, 2))
     assert options
     for k, opt in enumerate(options):
         check_runs(tuple(opt.fwd) + (Compute(g.loss),) + tuple(opt.bwd), f"{name} option {k}")
     no_invalid_candidates(caplog, name)
 
 
-@pytest.mark.parametrize("hierarchical", [False, True], ids=["as-shipped", "blocks"])
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset, hierarchical", PRESET_CASES,
+                         ids=[f"{p}-{'blocks' if h else 'as-shipped'}" for p, h in PRESET_CASES])
 def test_presets_keep_the_random_order(preset: str, hierarchical: bool, caplog) -> None:
     cfg = hiremate.load_config(preset)
-    if hierarchical and not cfg.top:
-        pytest.skip(f"preset {preset} has no composer")
     overrides = dict(progress=False, n_jobs=1, cache=False, calibrate=0,
                      solver_params={**cfg.solver_params, **{
                          k: {**cfg.solver_params.get(k, {}), **v} for k, v in PARAMS.items()}})
