@@ -195,6 +195,28 @@ def test_infeasible_budget_flat_path():
     check(g, res)
 
 
+def test_a_cache_hit_reports_the_current_costs(tmp_path):
+    """A cache entry is found by structure (times left out of the key), so a second capture of
+    the same model hits it with other measured times: the report's figures are the ones this
+    graph gives the cached schedule, not the ones stored with it."""
+    import dataclasses
+
+    from hiremate.ir.graph import Graph
+    from hiremate.ir.simulator import autodiff_schedule, simulate
+
+    g = residual_chain(8)
+    slower = Graph([dataclasses.replace(n, time=n.time * 1000) for n in g.nodes], g.data,
+                   g.outputs, g.meta)
+    cfg = hier(cache=True, cache_dir=str(tmp_path))
+    first = solve_graph(g, 0.6, cfg)
+    again = solve_graph(slower, 0.6, cfg)
+    assert again.report["cached"] and again.schedule == first.schedule
+    assert again.report["predicted_time"] == pytest.approx(simulate(slower, again.schedule).time)
+    assert again.report["autodiff_time"] == pytest.approx(
+        simulate(slower, autodiff_schedule(slower)).time)
+    assert again.report["predicted_time"] > 100 * first.report["predicted_time"]
+
+
 def test_cache_hit_is_fast_and_identical(tmp_path):
     g = residual_chain(8)
     cfg = hier(cache=True, cache_dir=str(tmp_path))

@@ -173,13 +173,16 @@ def _cached_solution(graph: Graph, budget: int, hit: Any, pool: Any,
     if not (sim.valid and sim.peak <= budget):
         log.warning("cached schedule no longer fits; solving again")
         return None
-    report = dict(cached_report, solve_time=time.perf_counter() - start, cached=True)
+    # the entry was solved with another capture's costs: its figures are recomputed with these
+    ad = simulate(graph, autodiff_schedule(graph))
+    report = dict(cached_report, solve_time=time.perf_counter() - start, cached=True,
+                  autodiff_peak=ad.peak, autodiff_time=ad.time)
+    best = Candidate(sched, sim, str(report.get("solver", "cache")))
     pooled = _pooled(pool, budget)
     if pooled and min(c.sim.time for c in pooled) < sim.time:
         best = min(pooled, key=lambda c: (c.sim.time, c.sim.peak))
-        sched, sim = best.schedule, best.sim
-        _describe_best(report, best, report.get("autodiff_peak"), report.get("autodiff_time"))
-    return SolveResult(sched, sim, report)
+    _describe_best(report, best, ad.peak, ad.time)
+    return SolveResult(best.schedule, best.sim, report)
 
 
 def _flat_path(graph: Graph, budget: int, cfg: Any, found: _Paths) -> None:
