@@ -22,6 +22,8 @@ import tempfile
 import threading
 from typing import Any, Iterator
 
+from hiremate.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 #: the values ``Config.progress`` accepts: on, off, or on only when stderr is a terminal
@@ -141,7 +143,6 @@ class QuietContext:
 def check_progress(value: Any) -> None:
     """Raise :class:`hiremate.ConfigError` (a ``ValueError``) unless ``value`` is one of
     :data:`PROGRESS_CHOICES`."""
-    from hiremate.errors import ConfigError
 
     if not any(value is c if isinstance(c, bool) else value == c for c in PROGRESS_CHOICES):
         raise ConfigError(f"progress must be true, false or 'auto', got {value!r}")

@@ -17,12 +17,9 @@ pessimistic). Every answer is replayed by :func:`~hiremate.solvers.chain.model.s
 from __future__ import annotations
 
 import logging
-import math
 from typing import Sequence
 
 import numpy as np
-
-from hiremate.errors import InfeasibleBudgetError
 
 from hiremate.solvers.chain.model import (
     B, Chain, ChainGraphSolver, ChainOp, ChainSolution, F_all, F_ck, F_e, simulate_chain,
@@ -94,12 +91,8 @@ def solve_weak(chain: Chain, budget: float, slots: int = DEFAULT_SLOTS) -> Chain
         ops = _to_chain_ops(table.sequence())
         if simulate_chain(chain, ops).peak <= budget:
             return solution(chain, ops, budget)
-    exact_min, min_ops = min_memory(model)
-    if avail >= exact_min - min(1e-12 * max(1.0, abs(exact_min)), 0.25):
-        return solution(chain, _to_chain_ops(min_ops), budget)
-    low = chain.x[0] + exact_min
-    raise InfeasibleBudgetError(f"budget {budget} is below the minimum {low}; raise the budget",
-                                min_budget=math.ceil(low))
+    _, min_ops = fitting_min_memory(model, budget, chain.x[0], "persistent")
+    return solution(chain, _to_chain_ops(min_ops), budget)
 
 
 # -- graph-level solvers -----------------------------------------------------------------------
