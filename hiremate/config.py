@@ -9,8 +9,15 @@ Levels (where a solver may be placed):
 
 - ``flat``: whole-graph solvers (``schedule(graph, budget)``), tried on graphs of at most
   ``flat_max_nodes`` compute nodes; the fastest schedule within the budget wins;
-- ``bottom``: menu solvers (``menu(graph, budgets)``) for each unique block of the partition;
+- ``bottom``: menu solvers (``menu(graph, budgets)``) for each unique leaf subgraph of the
+  partition (every top-level part, flattened, when ``middle`` is empty);
+- ``middle``: composers that give each inner subgraph (one with subgraph children) a menu over
+  its children's menus, level by level bottom-up (:mod:`hiremate.composer.levels`);
+  ``middle_flat``: menu solvers run on each inner subgraph's whole graph as well;
 - ``top``: composers that join the blocks' menus into one schedule (``rk-rotor``: chain of blocks).
+
+``total_options`` is the paper's N_o: the options that the blocks of one problem share, in
+proportion to their forward nodes, ``n_options`` at most each.
 
 The hierarchical path (bottom + top) runs when the graph is larger than ``flat_max_nodes``, when
 no flat solver met the budget, or when the best flat schedule is predicted more than
@@ -42,7 +49,7 @@ from hiremate.quiet import check_progress
 
 #: Folder of the YAML presets (the repository's ``configs/``).
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-LEVELS = ("flat", "bottom", "top")
+LEVELS = ("flat", "bottom", "middle", "middle_flat", "top")
 ON_NEW_INPUTS = ("recapture", "raise")
 
 
@@ -57,10 +64,13 @@ class Config:
     flat: list[str] = field(default_factory=lambda: ["hilp", "twremat"])
     bottom: list[str] = field(default_factory=lambda: ["hilp", "twremat"])
     top: list[str] = field(default_factory=lambda: ["rk-rotor"])
+    middle: list[str] = field(default_factory=list)       # composers for inner subgraphs
+    middle_flat: list[str] = field(default_factory=list)  # flat menus of inner subgraphs too
     flat_max_nodes: int = 250
     hierarchical_above: float = 1.3  # also try blocks when the best flat schedule is this slow
     solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    n_options: int = 8           # N_o: options kept per block for the top level
+    n_options: int = 8           # options kept per block at most
+    total_options: int | None = None  # N_o: options of one problem's blocks (None: n_options each)
     menu_peaks: int = 4          # menu budget grid: peaks ...
     menu_saves: int = 3          # ... times memory kept before the loss (H-ILP only)
     n_jobs: int = -1             # joblib workers for the menus (-1: all cores)
@@ -104,6 +114,12 @@ class Config:
         for key in ("n_options", "menu_peaks", "menu_saves"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+        if self.total_options is not None and (isinstance(self.total_options, bool) or not
+                                               isinstance(self.total_options, int)
+                                               or self.total_options < 1):
+            raise ConfigError("total_options (N_o, the options shared by the blocks of one "
+                              f"problem) must be a positive integer or null, got "
+                              f"{self.total_options!r}")
         if not isinstance(self.calibrate, int) or self.calibrate < 0:
             raise ConfigError(f"calibrate must be an integer >= 0, got {self.calibrate!r}")
         if self.on_new_inputs not in ON_NEW_INPUTS:

@@ -105,3 +105,22 @@ def menu_of(solver: Any, graph: Graph, budgets: Iterable[Any]) -> list[Option]:
         low = solver.min_budget(graph)
         options.append(option_from_schedule(graph, solver.schedule(graph, low), solver.name))
     return pareto_front(options)
+
+
+def compose_menu(composer: Any, problem: TopProblem, budgets: Iterable[Any]) -> list[Option]:
+    """The menu a composer gives the graph of ``problem`` (a subgraph whose children are the
+    problem's blocks): its own ``compose_menu`` when it has one, else one :meth:`compose` per
+    distinct peak of ``budgets`` (ints or ``(peak, save)`` pairs), every candidate an option."""
+    if callable(getattr(composer, "compose_menu", None)):
+        return list(composer.compose_menu(problem, budgets))
+    from hiremate.solvers.menu import option_from_schedule
+
+    options = []
+    for b in sorted({int(x if not isinstance(x, tuple) else x[0]) for x in budgets}):
+        try:
+            cands, _ = composer.compose(problem, b)
+        except InfeasibleBudgetError:
+            continue
+        options.extend(option_from_schedule(problem.graph, c.schedule, composer.name)
+                       for c in cands)
+    return pareto_front(options)

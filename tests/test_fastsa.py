@@ -18,6 +18,7 @@ from hiremate.testing.segtree import AddMaxSegmentTree
 from hiremate.solvers.fastsa.state import NOP, SlotState
 from hiremate.ir.sequence import sequence_to_schedule
 from hiremate.testing.synthetic import chain_graph, random_graph
+from test_memory_pins import fuzz_graph, simulated_slots  # module level: its @given must not nest
 
 
 def autodiff_peak(g):
@@ -57,7 +58,6 @@ def test_incremental_peak_equals_simulator_under_random_mutations(seed, n, kind)
     peak), the deltas predicted before each mutation give that peak exactly (and a bound below
     it), and the sequence stays valid (random ops of the fuzz graphs: their first copies are
     pinned)."""
-    from test_memory_pins import fuzz_graph, simulated_slots
 
     g = random_graph(seed, n) if kind == "synthetic" else fuzz_graph(seed, min(n, 12))
     table = primitive_table(g)

@@ -26,6 +26,7 @@ from hiremate.ir.schedule import Compute, recomputations
 from hiremate.testing.synthetic import random_graph
 from test_partition_sequence import masked_layers, with_constants
 from test_registry import residual_chain
+from test_memory_pins import fuzz_graph  # module level: its @given must not nest
 
 FAST = {"progress": False, "n_jobs": 1, "cache": False,
         "solver_params": {"hilp": {"time_limit": 2.0}, "rk-rotor": {"slots": 100}}}
@@ -100,7 +101,6 @@ def test_rk_rotor_chain_model_bounds_the_simulated_peak(seed, n, n_const, p_soft
     hostile fuzz graphs with random ops, whose first runs the translation must keep in order."""
     from hiremate.solvers.chain.rk_rotor_top import RkRotorTop
     from hiremate.solvers.chain.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
-    from test_memory_pins import fuzz_graph
 
     g = fuzz_graph(seed, min(n, 12)) if fuzz else with_constants(seed, n, n_const, 1.0, p_soft)[0]
     blocks, tail = make_blocks(g, SequencePartition().partition(g))

@@ -88,11 +88,26 @@ def _progress(cfg: Any, iterable, desc: str, total: int | None = None):
                 leave=False)
 
 
+def run_tasks(cfg: Any, fn: Any, args: list[tuple], desc: str) -> list[Any]:
+    """``fn(*a)`` for every ``a`` of ``args``, in order: in this process when ``cfg.n_jobs`` is
+    1 or there is one task, else in parallel through joblib (``cfg.backend``: loky, threading,
+    or an external backend such as dask's). The order of the results never depends on which
+    worker finished first."""
+    from joblib import Parallel, delayed, parallel_config
+
+    if not args:
+        return []
+    if cfg.n_jobs == 1 or len(args) == 1:
+        return [fn(*a) for a in _progress(cfg, args, desc)]
+    # parallel_config also knows the external backends (dask: a distributed Client)
+    with parallel_config(backend=cfg.backend, n_jobs=cfg.n_jobs):
+        par = Parallel(return_as="generator")
+        return list(_progress(cfg, par(delayed(fn)(*a) for a in args), desc, total=len(args)))
+
+
 def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
     """Menus of the unique blocks with every applicable bottom solver (parallel, cached); fills
     ``block.options`` and returns per-class facts for the report."""
-    from joblib import Parallel, delayed, parallel_config
-
     unique: dict[str, Block] = {}
     for b in blocks:
         unique.setdefault(b.key, b)
@@ -110,18 +125,10 @@ def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
 
         for n in cfg.bottom:  # bad parameters fail here, once, with a ConfigError
             make_solver(n, cfg.solver_params.get(n, {}))
-        calls = (delayed(solve_menu_task)(unique[k].graph, n, solver_class(n),
-                                          cfg.solver_params.get(n, {}),
-                                          cfg.menu_peaks, cfg.menu_saves) for k, n, _ in tasks)
-        if cfg.n_jobs == 1 or len(tasks) == 1:
-            outs = [solve_menu_task(unique[k].graph, n, solver_class(n),
-                                    cfg.solver_params.get(n, {}), cfg.menu_peaks, cfg.menu_saves)
-                    for k, n, _ in _progress(cfg, tasks, "bottom level: menus")]
-        else:
-            # parallel_config also knows the external backends (dask: a distributed Client)
-            with parallel_config(backend=cfg.backend, n_jobs=cfg.n_jobs):
-                par = Parallel(return_as="generator")
-                outs = list(_progress(cfg, par(calls), "bottom level: menus", total=len(tasks)))
+        outs = run_tasks(cfg, solve_menu_task,
+                         [(unique[k].graph, n, solver_class(n), cfg.solver_params.get(n, {}),
+                           cfg.menu_peaks, cfg.menu_saves) for k, n, _ in tasks],
+                         "bottom level: menus")
         for (key, name, ckey), (opts, secs, err) in zip(tasks, outs):
             results[(key, name)] = (opts, secs, err, False)
             if err in ("", "not applicable"):
@@ -138,9 +145,10 @@ def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
             if err and err != "not applicable":
                 log.warning("solver %s failed on a block of %d nodes: %s", name,
                             len(blk.graph.nodes), err)
-        chosen = select_menu(merged, cfg.n_options)
+        front = pareto_front(merged)
+        chosen = select_menu(front, cfg.n_options)
         facts[key] = {"nodes": len(blk.graph.nodes), "solvers": per_solver,
-                      "menu": len(chosen), "options": chosen}
+                      "menu": len(chosen), "options": chosen, "front": front}
     for b in blocks:
         b.options = facts[b.key]["options"]
     return facts

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hiremate.composer.menu_cache import decode_solve, encode_solve
-from hiremate.composer.menus import _progress, _runtime_free, solve_menus
+from hiremate.composer.menus import _progress, _runtime_free
 from hiremate.errors import InfeasibleBudgetError, SolverError
-from hiremate.ir.blocks import Candidate, TopProblem, make_blocks
+from hiremate.ir.blocks import Candidate, TopProblem
 from hiremate.ir.graph import Graph, graph_key
 from hiremate.ir.schedule import Schedule
 from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
@@ -215,17 +215,27 @@ def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _
     composer over the blocks."""
     from hiremate.registry import make_solver
 
-    blocks, tail = make_blocks(graph, _partition(graph, cfg, report))
+    from hiremate.composer.levels import build_units, solve_levels
+
+    units, tail = build_units(graph, _partition(graph, cfg, report), recursive=bool(cfg.middle))
+    blocks = [u.block for u in units]
     t0 = time.perf_counter()
-    facts = solve_menus(blocks, cfg, cache)
+    facts = solve_levels(units, cfg, cache)
     report["menu_time"] = time.perf_counter() - t0
+    every = [u for top in units for u in top.walk()]
     report["blocks"] = len(blocks)
-    report["unique_blocks"] = len(facts)
+    report["units"] = len(every)
+    report["unique_units"] = len({u.key for u in every})
+    report["unique_blocks"] = len({b.key for b in blocks})
     report["largest_block"] = max(len(b.graph.nodes) for b in blocks)
     report["tail_nodes"] = len(tail)
+    report["levels"] = facts["levels"]
+    leaf = facts["leaf"]
     report["block_menus"] = [
-        {"nodes": f["nodes"], "menu": f["menu"], "solvers": f["solvers"],
-         "members": sum(1 for b in blocks if b.key == k)} for k, f in facts.items()]
+        {"nodes": len(b.graph.nodes), "menu": len(b.options),
+         "members": sum(1 for c in blocks if c.key == b.key),
+         **({"solvers": leaf[b.key]["solvers"]} if b.key in leaf else {})}
+        for b in {b.key: b for b in blocks}.values()]
     problem = TopProblem(graph, blocks, tail)
     for name in _progress(cfg, cfg.top, "top level"):
         composer = make_solver(name, cfg.solver_params.get(name, {}))

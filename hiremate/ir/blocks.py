@@ -58,23 +58,46 @@ class Block:
 
 
 def assign_backward(graph: Graph, fwd_block: dict[int, int]) -> tuple[dict[int, int], list[int]]:
-    """Block of every backward node: a forward node's partner goes with it; another backward
-    node joins the block of the data it reads when those come from one block or two neighbours
-    (the lower one, whose backward reads the gradient anyway); the rest (e.g. sums of partial
-    gradients of a weight shared by distant blocks) stays at the top level (``tail``).
+    """Block of every backward node. A forward node's partner goes with it. Another backward
+    node (e.g. the sum of the partial gradients of a value read by two blocks) goes, when every
+    node reading its outputs is in one block, to that block: the gradient flows there, so the
+    blocks' backward parts keep the reverse order of their forward parts, whatever the shape of
+    the partition; when one block both produces what it reads and reads its result, to that
+    block (the node sits inside that block's backward). Otherwise it joins the block of the data it reads when those come from one
+    block or two neighbours (the lower one, whose backward reads the gradient anyway); the rest
+    stays at the top level (``tail``), run as soon as its inputs exist. Should the blocks'
+    backward parts still depend on each other in a cycle, the nodes placed by the second rule
+    move to the tail, then all of them (a tail node can always run).
 
-    Values of constant forward nodes (:func:`hiremate.ir.constants.constant_nodes`: masks, position ids)
-    count like inputs here: the top level keeps them alive for any block that reads them, so
-    they decide the block only when the node reads nothing else."""
+    Values of constant forward nodes (:func:`hiremate.ir.constants.constant_nodes`: masks,
+    position ids) count like inputs here: the top level keeps them alive for any block that
+    reads them, so they decide the block only when the node reads nothing else."""
     from hiremate.ir.constants import constant_nodes
 
-    bwd_block: dict[int, int] = {}
+    partnered: dict[int, int] = {}
     for n in graph.fwd_nodes:
         if n.partner is not None:
-            bwd_block[n.partner] = fwd_block[n.id]
+            partnered[n.partner] = fwd_block[n.id]
     loss = graph.loss
     const = constant_nodes(graph)
-    tail: list[int] = []
+    by_readers: dict[int, int] = {}
+    by_inputs: dict[int, int] = {}
+    bwd_block = dict(partnered)
+    for n in sorted(graph.bwd_nodes, key=lambda n: -n.id):  # readers come later: placed first
+        if n.id in partnered:
+            continue
+        readers = {u for d in n.outputs for u in graph.users(d)}
+        homes = {bwd_block.get(u) for u in readers}
+        if readers and len(homes) == 1 and None not in homes:
+            bwd_block[n.id] = by_readers[n.id] = homes.pop()
+            continue
+        # a node inside one block's backward (it reads that block's gradients and that block
+        # reads its result) while others read the result too: it stays inside that block
+        sources = {bwd_block.get(p) for p in (graph.data[d].producer for d in n.inputs)
+                   if p is not None and p > loss}
+        shared = (homes & sources) - {None}
+        if len(shared) == 1:
+            bwd_block[n.id] = by_readers[n.id] = shared.pop()
     for n in graph.bwd_nodes:
         if n.id in bwd_block:
             continue
@@ -94,10 +117,31 @@ def assign_backward(graph: Graph, fwd_block: dict[int, int]) -> tuple[dict[int, 
                 blocks.add(b)
         blocks = blocks or const_blocks
         if blocks and not orphan and max(blocks) - min(blocks) <= 1:
-            bwd_block[n.id] = min(blocks)
-        else:
-            tail.append(n.id)
+            bwd_block[n.id] = by_inputs[n.id] = min(blocks)
+    for moved in (by_inputs, by_readers):
+        if not _backward_cycle(graph, bwd_block):
+            break
+        for nid in moved:
+            del bwd_block[nid]
+    tail = [n.id for n in graph.bwd_nodes if n.id not in bwd_block]
     return bwd_block, tail
+
+
+def _backward_cycle(graph: Graph, bwd_block: dict[int, int]) -> bool:
+    """Whether the blocks' backward parts, contracted, depend on each other in a cycle
+    (through each other's values or through tail nodes)."""
+    import networkx as nx
+
+    def home(nid: int) -> Any:
+        return ("B", bwd_block[nid]) if nid in bwd_block else ("t", nid)
+
+    deps = nx.DiGraph()
+    for n in graph.bwd_nodes:
+        for d in n.inputs:
+            p = graph.data[d].producer
+            if p is not None and p > graph.loss and home(p) != home(n.id):
+                deps.add_edge(home(p), home(n.id))
+    return not nx.is_directed_acyclic_graph(deps)
 
 
 def extract(graph: Graph, fwd: Sequence[int], bwd: Sequence[int]) -> tuple[Graph, list[int], list[int]]:
@@ -182,8 +226,16 @@ def extract(graph: Graph, fwd: Sequence[int], bwd: Sequence[int]) -> tuple[Graph
 
 def make_blocks(graph: Graph, hierarchy: Any) -> tuple[list[Block], list[int]]:
     """Blocks of the hierarchy's top level, in order, and the top-level (tail) backward nodes."""
+    return blocks_of(graph, [tuple(sorted(hierarchy.leaves(p))) for p in hierarchy.top])
+
+
+def blocks_of(graph: Graph, parts: Sequence[Sequence[int]]) -> tuple[list[Block], list[int]]:
+    """One block per part (forward compute ids of ``graph``, the parts covering every forward
+    node), in order, and the backward nodes left to the level of ``graph`` itself (the tail).
+    ``graph`` may be the full graph or a block's own graph one level up (a subgraph whose
+    children become blocks in turn)."""
     fwd_block: dict[int, int] = {}
-    parts = [tuple(sorted(hierarchy.leaves(p))) for p in hierarchy.top]
+    parts = [tuple(sorted(p)) for p in parts]
     for i, leaves in enumerate(parts):
         for f in leaves:
             fwd_block[f] = i
@@ -201,7 +253,6 @@ def make_blocks(graph: Graph, hierarchy: Any) -> tuple[list[Block], list[int]]:
         blocks.append(Block(i, leaves, tuple(sorted(bwd_of[i])), sub, tuple(node_map),
                             tuple(data_map), graph_key(sub, times=True)))
     return blocks, tail
-
 
 
 @dataclass
