@@ -1,18 +1,18 @@
 """The zoo at the sizes of the HiRemate paper's broad study (its Table 3).
 
-The paper partitions and solves ten models whose forward graphs have between 42 and 1447 nodes.
-To compare H-Partition's figures with the paper's, or to run a solver on graphs of the sizes
-the paper reports, we need zoo settings whose forward graphs are about as large. Each entry of
+The paper partitions and solves ten models of very different shapes and sizes. To compare
+H-Partition's figures with the paper's, or to run a solver on graphs of the sizes the paper
+reports, we need zoo settings whose forward graphs are about as large. Each entry of
 :data:`PAPER_MODELS` names a zoo model and its depth (chosen so that our forward graph is
 within half to twice the paper's size) and keeps the paper's forward-node figure beside it.
 Widths and batches stay small: the graph's node count depends on the depth only, and the
 tests and benchmarks that use these settings must run on a small CPU.
 
-How the depths were chosen: the paper's own depth where our graph then lands within the band
-(GPT 24 and 96 layers, Transformer 6-6 and 36-36, the original UNet's four levels, Mixer-B's
-twelve blocks, the FNO paper's four Fourier layers). For ResNet-101 and RegNet32 our graphs
-have more nodes per block than the paper's (BatchNorm's running-statistics updates and the
-squeeze-excitation gate are nodes of their own), so their published stage depths would land
+How the depths were chosen: the model's published depth where our graph then lands within the
+band: GPT 24 and 96 layers and Transformer 6-6 and 36-36 (the depths the paper gives), the
+original UNet's four levels, Mixer-B's twelve blocks, the FNO paper's four Fourier layers (the
+paper does not give these models' depths). For ResNet-101 and RegNet32 our graphs
+have more forward nodes per block than the paper's, so their published stage depths would land
 above twice the paper's size; their stage depths are halved (rounded up), which keeps the
 proportions of the stages. Measured sizes: docs/graphs.md, "Zoo at the paper's sizes".
 """
