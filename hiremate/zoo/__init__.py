@@ -77,6 +77,11 @@ What each model is (and what its arguments scale):
   input ``(batch, 8, 8, 8, 4)``. Complex weights are pairs of real parameters, and the
   spectrum is zero-filled without in-place writes, so both capture paths work.
 
+Paper sizes: ``zoo.get_paper("gpt-24")`` builds the setting that stands for one model of the
+HiRemate paper's broad study (its Table 3), with a forward graph within half to twice the
+paper's size; ``zoo.paper_models()`` lists them with the paper's figures
+(:mod:`hiremate.zoo.paper`; sizes in docs/graphs.md, "Zoo at the paper's sizes").
+
 Capture: every model exports with ``torch.export.export`` (``strict=False`` and ``strict=True``)
 and traces jointly with ``make_fx`` with ``seq_nr`` on every op. The transformers models use
 ``attn_implementation="eager"`` (plain matmul/softmax ops) and ``use_cache=False``.
@@ -89,6 +94,7 @@ the attention probabilities (finite-difference checks need a step of about 1e-5 
 from __future__ import annotations
 
 from hiremate.zoo import fno, hf, mlp, mlpmixer, regnet, resnet, transformer, unet  # noqa: F401
+from hiremate.zoo.paper import PAPER_MODELS, PaperModel, get_paper, paper_model, paper_models
 from hiremate.zoo.registry import (
     ModelSpec,
     describe,
@@ -99,4 +105,7 @@ from hiremate.zoo.registry import (
     split_sample,
 )
 
-__all__ = ["ModelSpec", "describe", "get", "names", "output_loss", "spec", "split_sample"]
+__all__ = [
+    "PAPER_MODELS", "ModelSpec", "PaperModel", "describe", "get", "get_paper", "names",
+    "output_loss", "paper_model", "paper_models", "spec", "split_sample",
+]
