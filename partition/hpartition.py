@@ -457,12 +457,14 @@ class HPartition:
     """The H-Partition partitioner: a hierarchy whose subgraphs have at most ``max_sub`` nodes
     and whose top graph has at most ``max_top`` nodes (paper: M^l and M^t). With ``prologue``,
     constant nodes are hoisted into a first top-level part (:func:`hoisted_levels`), holding at
-    most ``const_fraction`` of the forward values' bytes, as the sequence partitioner does."""
+    most ``const_fraction`` of the forward values' bytes, as the sequence partitioner does. It
+    is off by default: on the zoo's transformers it adds a level (the prologue's own) and a
+    class or two, and groups the layers no better (docs/graphs.md, "Prologue pre-pass")."""
 
     name = "hpartition"
 
     def __init__(self, max_top: int = 30, max_sub: int = 15, alpha: float = 0.5,
-                 prologue: bool = True, const_fraction: float = DEFAULT_FRACTION):
+                 prologue: bool = False, const_fraction: float = DEFAULT_FRACTION):
         if max_sub < 2:
             raise ConfigError(f"max_sub={max_sub}: subgraphs need at least 2 nodes; use >= 2")
         if max_top < 1:
@@ -480,8 +482,8 @@ class HPartition:
 
     def __repr__(self) -> str:
         extra = ""
-        if not self.prologue:
-            extra += ", prologue=False"
+        if self.prologue:
+            extra += ", prologue=True"
         if self.const_fraction != DEFAULT_FRACTION:
             extra += f", const_fraction={self.const_fraction}"
         return (f"HPartition(max_top={self.max_top}, max_sub={self.max_sub}, "

@@ -166,13 +166,13 @@ def test_prologue_is_the_first_top_level_part():
     dag, node_ids, _ = forward_dag(graph)
     hoisted = [node_ids[u] for u in prologue(dag)]
     assert hoisted == [1, 2, 3]
-    h = HPartition(max_top=6, max_sub=4).partition(graph)
+    h = HPartition(max_top=6, max_sub=4, prologue=True).partition(graph)
     check_deep(h, graph, 4, 6)
     assert sorted(h.leaves(h.top[0])) == hoisted
-    plain = HPartition(max_top=6, max_sub=4, prologue=False).partition(graph)
+    plain = HPartition(max_top=6, max_sub=4).partition(graph)
     check_deep(plain, graph, 4, 6)
     assert all(sorted(plain.leaves(p)) != hoisted for p in plain.top)
-    assert "prologue=False" in plain.partitioner and "prologue" not in h.partitioner
+    assert "prologue=True" in h.partitioner and "prologue" not in plain.partitioner
 
 
 def test_prologue_larger_than_max_sub_is_partitioned_too():
@@ -187,7 +187,7 @@ def test_prologue_larger_than_max_sub_is_partitioned_too():
         ops.append(DagOp([x, prev], 300, 1.0, code="layer"))
         x = len(ops) - 1
     graph = graph_from_dag(ops, [100, 100], input_requires_grad=[True, False])
-    h = HPartition(max_top=5, max_sub=3).partition(graph)
+    h = HPartition(max_top=5, max_sub=3, prologue=True).partition(graph)
     check_deep(h, graph, 3, 5)
     assert sorted(h.leaves(h.top[0])) == list(range(1, 10))
 
@@ -196,7 +196,7 @@ def _json_in_subprocess(hash_seed: str) -> str:
     code = ("from hiremate.testing.fuzzgraphs import random_fuzz_graph\n"
             "from hiremate.partition import HPartition\n"
             "g = random_fuzz_graph(7, 120)\n"
-            "print(HPartition(max_top=4, max_sub=3).partition(g).to_json())\n")
+            "print(HPartition(max_top=4, max_sub=3, prologue=True).partition(g).to_json())\n")
     env = dict(os.environ, PYTHONHASHSEED=hash_seed)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True)
@@ -207,7 +207,7 @@ def test_hierarchy_is_deterministic():
     """Equal across runs in one process, across hash seeds (string hashing changes set and
     dict orders of labels), and when the Graph's data are listed in another order."""
     graph = random_fuzz_graph(7, 120)
-    part = HPartition(max_top=4, max_sub=3)
+    part = HPartition(max_top=4, max_sub=3, prologue=True)
     first = part.partition(graph).to_json()
     assert all(part.partition(graph).to_json() == first for _ in range(3))
     assert _json_in_subprocess("1") == _json_in_subprocess("2") == first + "\n"
