@@ -220,3 +220,22 @@ def test_hierarchy_is_deterministic():
     a, b = part.partition_dag(dag), part.partition_dag(permuted)
     assert [s.children for s in a.subgraphs] == [s.children for s in b.subgraphs]
     assert a.class_of == b.class_of
+
+
+@pytest.mark.slow
+def test_gpt2_six_layers_give_a_class_of_six():
+    """Issue acceptance: a captured GPT-2 with 6 layers has a class with one member per layer
+    (the attention block), each a real block of the layer, with the default settings."""
+    import hiremate
+    from hiremate import zoo
+
+    model, sample = zoo.get("gpt2", layers=6)
+    graph = hiremate.build_graph(model, sample, cost_model="flops")
+    h = HPartition().partition(graph)
+    check_deep(h, graph, 15, 30)
+    sixes = [c for c in h.classes if len(c.members) == 6
+             and min(len(h.subgraphs[s].fwd_nodes) for s in c.members) >= 8]
+    assert sixes, [len(c.members) for c in h.classes]
+    starts = sorted(h.subgraphs[s].fwd_nodes[0] for s in sixes[0].members)
+    gaps = {b - a for a, b in zip(starts, starts[1:])}
+    assert len(gaps) == 1  # one per layer, at the same offset in each
