@@ -43,10 +43,11 @@ def build(name: str, layers: int | None, width: int | None, cache: Path | None) 
 
 
 def figures(name: str, layers: int | None = None, width: int | None = None,
-            cache: Path | None = None, max_top: int = 30, max_sub: int = 15) -> dict:
+            cache: Path | None = None, max_top: int = 30, max_sub: int = 15,
+            prologue: bool = False) -> dict:
     graph, build_s = build(name, layers, width, cache)
     start = time.perf_counter()
-    hierarchy = HPartition(max_top=max_top, max_sub=max_sub).partition(graph)
+    hierarchy = HPartition(max_top=max_top, max_sub=max_sub, prologue=prologue).partition(graph)
     part_s = time.perf_counter() - start
     s = hierarchy.summary()
     return {
@@ -75,6 +76,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=None, help="folder of built graphs")
     parser.add_argument("--max-top", type=int, default=30)
     parser.add_argument("--max-sub", type=int, default=15)
+    parser.add_argument("--prologue", action="store_true",
+                        help="hoist constant nodes into a first top-level part")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if not args.json:
@@ -83,7 +86,8 @@ def main() -> None:
     runs = ([(name, None, None) for name in zoo.names()] if args.what == "table"
             else [(args.model, layers, args.width) for layers in args.layers])
     for name, layers, width in runs:
-        _emit(figures(name, layers, width, args.cache, args.max_top, args.max_sub), args.json)
+        _emit(figures(name, layers, width, args.cache, args.max_top, args.max_sub,
+                      args.prologue), args.json)
 
 
 if __name__ == "__main__":

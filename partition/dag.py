@@ -214,3 +214,34 @@ def contract(dag: ForwardDag, blocks: list[list[int]]) -> tuple[ForwardDag, list
     constant = [all(dag.constant[u] for u in blocks[b]) for b in order] if dag.constant else []
     new = ForwardDag(new_preds, sizes, producers, users_out, is_out, weight, labels, constant)
     return new, [tuple(sorted(blocks[b])) for b in order]
+
+
+def induced(dag: ForwardDag, nodes: list[int]) -> ForwardDag:
+    """The sub-DAG on ``nodes`` (sorted increasingly), renumbered ``0..len(nodes) - 1``.
+
+    Values produced outside vanish, as user inputs do (they bring no edge). A value produced
+    inside and read outside counts as an output (``value_is_output``), so that a score still
+    sees it leave. Edges to outside nodes are dropped; callers make sure that nothing outside
+    lies on a path between two of ``nodes`` (e.g. the nodes are closed under predecessors, or
+    their complement is), so that convex sets of the sub-DAG stay convex in ``dag``.
+    """
+    index = {u: k for k, u in enumerate(nodes)}
+    preds = [tuple(index[p] for p in dag.preds[u] if p in index) for u in nodes]
+    sizes: list[int] = []
+    producers: list[int] = []
+    users_out: list[tuple[int, ...]] = []
+    is_out: list[bool] = []
+    for v, users in enumerate(dag.value_users):
+        p = index.get(dag.value_producer[v])
+        if p is None:
+            continue
+        inside = tuple(index[u] for u in users if u in index)
+        sizes.append(dag.value_size[v])
+        producers.append(p)
+        users_out.append(inside)
+        is_out.append(dag.value_is_output[v] or len(inside) < len(users))
+    return ForwardDag(
+        preds, sizes, producers, users_out, is_out,
+        [dag.weight[u] for u in nodes], [dag.labels[u] for u in nodes],
+        [dag.constant[u] for u in nodes] if dag.constant else [],
+    )

@@ -57,7 +57,8 @@ import logging
 from hiremate.errors import ConfigError
 from hiremate.ir.graph import Graph
 
-from .dag import ForwardDag, contract, forward_dag
+from .constants import DEFAULT_FRACTION, prologue
+from .dag import ForwardDag, contract, forward_dag, induced
 from .hierarchy import Hierarchy, hierarchy_from_levels
 
 log = logging.getLogger(__name__)
@@ -410,33 +411,96 @@ def hpartition_levels(
     return levels
 
 
+def hoisted_levels(
+    dag: ForwardDag, max_top: int, max_sub: int, alpha: float, const_fraction: float
+) -> list[list[tuple[int, ...]]]:
+    """Levels as :func:`hpartition_levels`, with the prologue (:mod:`.constants`) hoisted: its
+    nodes are partitioned on their own up to a single top-level part, which comes first, and
+    the other nodes on their own up to ``max_top - 1`` top-level parts.
+
+    Without its edges, a mask or position ids read by every layer no longer makes the global
+    source the dominator of every layer, nor ties each layer's candidates to the start of the
+    graph. The prologue is closed under predecessors, so no path leaves it and comes back, nor
+    leaves the rest and comes back: convex sets of either side are convex in ``dag``, and the
+    prologue's parts followed by the rest's parts is a topological order at every level.
+    """
+    pro = prologue(dag, const_fraction) if max_top >= 2 and dag.n > max_top else []
+    if not pro or len(pro) == dag.n:
+        return hpartition_levels(dag, max_top, max_sub, alpha)
+    hoisted = set(pro)
+    rest = [u for u in range(dag.n) if u not in hoisted]
+    sides = [(pro, hpartition_levels(induced(dag, pro), 1, max_sub, alpha)),
+             (rest, hpartition_levels(induced(dag, rest), max_top - 1, max_sub, alpha))]
+    log.info("H-Partition: %d constant nodes hoisted into a first top-level part", len(pro))
+    depth = max(len(lv) for _, lv in sides)
+    width = [len(pro), len(rest)]  # nodes of each side at the current level
+    levels: list[list[tuple[int, ...]]] = []
+    for k in range(depth):
+        blocks: list[tuple[int, ...]] = []
+        offset = 0
+        for side, (nodes, side_levels) in enumerate(sides):
+            if k < len(side_levels):
+                own = side_levels[k]
+            else:  # this side is done: its parts pass through
+                own = [(j,) for j in range(width[side])]
+            if k == 0:
+                blocks += [tuple(nodes[j] for j in b) for b in own]
+            else:
+                blocks += [tuple(offset + j for j in b) for b in own]
+            offset += width[side]
+            width[side] = len(own)
+        levels.append(blocks)
+    return levels
+
+
 class HPartition:
     """The H-Partition partitioner: a hierarchy whose subgraphs have at most ``max_sub`` nodes
-    and whose top graph has at most ``max_top`` nodes (paper: M^l and M^t)."""
+    and whose top graph has at most ``max_top`` nodes (paper: M^l and M^t). With ``prologue``,
+    constant nodes are hoisted into a first top-level part (:func:`hoisted_levels`), holding at
+    most ``const_fraction`` of the forward values' bytes, as the sequence partitioner does. It
+    is off by default: on the zoo's transformers it adds a level (the prologue's own) and a
+    class or two, and groups the layers no better (docs/graphs.md, "Prologue pre-pass")."""
 
     name = "hpartition"
 
-    def __init__(self, max_top: int = 30, max_sub: int = 15, alpha: float = 0.5):
+    def __init__(self, max_top: int = 30, max_sub: int = 15, alpha: float = 0.5,
+                 prologue: bool = False, const_fraction: float = DEFAULT_FRACTION):
         if max_sub < 2:
             raise ConfigError(f"max_sub={max_sub}: subgraphs need at least 2 nodes; use >= 2")
         if max_top < 1:
             raise ConfigError(f"max_top={max_top}: the top graph needs at least 1 node")
         if alpha < 0:
             raise ConfigError(f"alpha={alpha} must be >= 0 (the paper uses 0.5)")
+        if not 0 <= const_fraction <= 1:
+            raise ConfigError(f"const_fraction={const_fraction} must be in [0, 1] (a share of "
+                              "the forward values' bytes)")
         self.max_top = max_top
         self.max_sub = max_sub
         self.alpha = alpha
+        self.prologue = bool(prologue)
+        self.const_fraction = float(const_fraction)
 
     def __repr__(self) -> str:
-        return f"HPartition(max_top={self.max_top}, max_sub={self.max_sub}, alpha={self.alpha})"
+        extra = ""
+        if self.prologue:
+            extra += ", prologue=True"
+        if self.const_fraction != DEFAULT_FRACTION:
+            extra += f", const_fraction={self.const_fraction}"
+        return (f"HPartition(max_top={self.max_top}, max_sub={self.max_sub}, "
+                f"alpha={self.alpha}{extra})")
+
+    def levels(self, dag: ForwardDag) -> list[list[tuple[int, ...]]]:
+        """The blocks of every level (see :func:`hpartition_levels`)."""
+        if self.prologue:
+            return hoisted_levels(dag, self.max_top, self.max_sub, self.alpha,
+                                  self.const_fraction)
+        return hpartition_levels(dag, self.max_top, self.max_sub, self.alpha)
 
     def partition_dag(self, dag: ForwardDag) -> Hierarchy:
         """Partition a bare forward DAG (no interfaces in data ids, no backward nodes)."""
-        levels = hpartition_levels(dag, self.max_top, self.max_sub, self.alpha)
-        return hierarchy_from_levels(dag, levels, partitioner=repr(self))
+        return hierarchy_from_levels(dag, self.levels(dag), partitioner=repr(self))
 
     def partition(self, graph: Graph) -> Hierarchy:
         dag, node_ids, value_ids = forward_dag(graph)
-        levels = hpartition_levels(dag, self.max_top, self.max_sub, self.alpha)
-        return hierarchy_from_levels(dag, levels, partitioner=repr(self), graph=graph,
+        return hierarchy_from_levels(dag, self.levels(dag), partitioner=repr(self), graph=graph,
                                      node_ids=node_ids)
