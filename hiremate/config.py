@@ -19,9 +19,9 @@ Levels (where a solver may be placed):
 ``total_options`` is the paper's N_o: the options that the blocks of one problem share, in
 proportion to their forward nodes, ``n_options`` at most each.
 
-The hierarchical path (bottom + top) runs when the graph is larger than ``flat_max_nodes``, when
-no flat solver met the budget, or when the best flat schedule is predicted more than
-``hierarchical_above`` times slower than autodiff; all candidates are simulated and the fastest
+The hierarchical path (bottom + top) runs too unless a flat H-ILP proved its schedule optimal
+or the best flat schedule is predicted within ``hierarchical_above`` times autodiff's time (a
+time-limited flat MILP often keeps a poor incumbent that the hierarchy beats); all candidates are simulated and the fastest
 one within the budget is kept. With ``reuse_schedules`` (and the cache on), the schedules that
 earlier solves of the same graph and configuration found at other budgets are candidates too
 (:mod:`hiremate.composer.pool`): a solve never returns something slower than a schedule already
@@ -67,7 +67,7 @@ class Config:
     middle: list[str] = field(default_factory=list)       # composers for inner subgraphs
     middle_flat: list[str] = field(default_factory=list)  # flat menus of inner subgraphs too
     flat_max_nodes: int = 250
-    hierarchical_above: float = 1.3  # also try blocks when the best flat schedule is this slow
+    hierarchical_above: float = 1.0  # skip the hierarchy when a flat schedule is this fast
     solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_options: int = 8           # options kept per block at most
     total_options: int | None = None  # N_o: options of one problem's blocks (None: n_options each)

@@ -80,8 +80,15 @@ def flat_candidate(name: str, params: dict, graph: Graph, budget: int
     if not solver.applicable(graph):
         return None, None, "not applicable"
     low = guaranteed_min(solver, graph)
+    optimal = False
     try:
-        sched = tuple(solver.schedule(graph, budget))
+        from hiremate.solvers.hilp.flat import HilpSolver
+
+        if isinstance(solver, HilpSolver):  # its status says whether it proved optimality
+            res = solver.solve(graph, budget)
+            sched, optimal = tuple(res.schedule), res.status == "optimal"
+        else:
+            sched = tuple(solver.schedule(graph, budget))
     except InfeasibleBudgetError as exc:
         found = exc.min_budget if low is None else low
         return None, found, str(exc)
@@ -93,7 +100,8 @@ def flat_candidate(name: str, params: dict, graph: Graph, budget: int
     if not sim.valid or sim.peak > budget:
         return None, low, (f"schedule rejected by the simulator: "
                            f"{sim.error or fmt_bytes(sim.peak) + ' > budget'}")
-    return Candidate(sched, sim, name, {"seconds": time.perf_counter() - start}), low, ""
+    return Candidate(sched, sim, name, {"seconds": time.perf_counter() - start,
+                                        "optimal": optimal}), low, ""
 
 
 # -- the whole solve ----------------------------------------------------------------------------------
@@ -137,10 +145,13 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     flat_used = bool(cfg.flat) and len(graph.nodes) <= cfg.flat_max_nodes
     if flat_used:
         _flat_path(graph, budget, cfg, found)
-    slow_flat = bool(found.candidates) and ad.time > 0 and \
-        min(c.sim.time for c in found.candidates) > cfg.hierarchical_above * ad.time
-    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not found.candidates
-                                                  or slow_flat)
+    # the hierarchical path is skipped only when a flat schedule is known to be the best there
+    # is (an H-ILP proof of optimality) or is within hierarchical_above of autodiff's time: a
+    # time-limited flat MILP often keeps a poor incumbent that the hierarchy beats
+    settled = any(c.detail.get("optimal") for c in found.candidates) or (
+        bool(found.candidates) and ad.time > 0
+        and min(c.sim.time for c in found.candidates) <= cfg.hierarchical_above * ad.time)
+    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not settled)
     if hier_used:
         _hierarchical_path(graph, budget, cfg, cache, found, report)
     else:  # the report describes the partition even when the flat path alone decided
