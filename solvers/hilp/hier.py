@@ -28,6 +28,11 @@ Model (:func:`build_hier_model`): the flat model of the top graph (``R``, ``P``,
   reads but the block's outputs, e.g. the checkpoint option) has no ``Sp`` and no rows (8b)
   and (9): its forward can run for the block's outputs alone and its backward after any
   forward, as rk-Rotor's ``Fe`` / ``Fc`` operations do;
+- a save budget (optional): ``V[loss, loss]``, the interface values alive and the phantoms
+  kept just before the loss node runs, is bounded as in the flat model; it bounds the full
+  graph's memory at that point (after the step before the loss, as
+  :func:`~hiremate.solvers.menu.option_from_schedule` counts a subgraph's save) from above for
+  the same reasons as the peak;
 - memory with phantom terms: ``V[t, 0]`` gains ``sum p_o Sp[t]``; the step after ``F_j`` adds
   ``p_o Ro[t, F_j, o]``, the step after ``B_j`` removes ``p_o (Ro[t, F_j, o] + Sp[t] -
   Sp[t+1])``; while a block node runs, memory is ``V[t, k] + w_o`` with ``w_o`` from the
@@ -344,12 +349,17 @@ class HierModel:
         return -1 if t <= f else self.sp[(j, o)] + (t - f - 1)
 
 
-def build_hier_model(top: TopGraph, budget: int, mem_unit: float | None = None) -> HierModel:
-    """Build the hierarchical H-ILP of ``top`` under ``budget`` bytes (module docstring)."""
+def build_hier_model(top: TopGraph, budget: int, mem_unit: float | None = None,
+                     save_budget: int | None = None) -> HierModel:
+    """Build the hierarchical H-ILP of ``top`` under ``budget`` bytes (module docstring);
+    ``save_budget`` bounds the memory held just before the loss node runs (``V[loss, loss]``:
+    the interface values alive then plus the phantoms kept, see :func:`save_bound`)."""
     start = _time.perf_counter()
     g = top.graph
     T = len(g.nodes)
-    flat = build_model(g, budget, None, mem_unit)
+    # the flat model bounds V[loss, loss]; the phantom terms added below enter that column
+    # through the V[t, 0] rows and the transitions, so the bound covers them too
+    flat = build_model(g, budget, save_budget, mem_unit)
     unit = flat.mem_unit
     A0 = flat.milp.A
     n0 = A0.shape[1]
@@ -541,10 +551,13 @@ def carry_solution(old: HierModel, x: np.ndarray, new: HierModel) -> np.ndarray 
     of the same top graph with the same memory unit under a budget at least as high, whose
     blocks' menus may hold more options (each old option is found among the new ones by its
     figures). None when the top graphs or the memory units differ (the layout or the scale of
-    the memory columns would differ) or the budget is lower (``x`` could break it)."""
+    the memory columns would differ) or the budget or the save budget is lower (``x`` could
+    break it)."""
     t_old, t_new = old.top, new.top
+    old_save, new_save = old.flat.save_budget, new.flat.save_budget
     same = (t_old.kind == t_new.kind and t_old.data_full == t_new.data_full
             and old.flat.budget <= new.flat.budget and old.flat.mem_unit == new.flat.mem_unit
+            and (new_save is None or (old_save is not None and old_save <= new_save))
             and all(a.inputs == b.inputs and a.outputs == b.outputs
                     for a, b in zip(t_old.graph.nodes, t_new.graph.nodes)))
     n0 = old.flat.milp.shape[1]
