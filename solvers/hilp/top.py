@@ -68,6 +68,9 @@ class HilpTop:
 
     name = "hilp-top"
     composer = True
+    #: option-specific dependencies (:func:`~hiremate.solvers.hilp.hier.top_graph`); False:
+    #: every option of a block keeps all that any of them reads (the union model, for tests)
+    option_deps = True
 
     def __init__(self, time_limit: float = 30.0, mip_gap: float = 1e-4, retries: int = 4,
                  backend: str = "highs", threads: int = 1, checkpoint: bool = True,
@@ -238,7 +241,7 @@ class HilpTop:
         from hiremate.ir.blocks import Candidate
         from hiremate.ir.sequence import sequence_to_schedule
 
-        top = top_graph(problem, self.checkpoint)
+        top = top_graph(problem, self.checkpoint, self.option_deps)
         found: list[Candidate] = []
         kept: list[tuple] = []
         lowest: int | None = None
