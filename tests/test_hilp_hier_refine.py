@@ -132,12 +132,12 @@ def test_a_refinement_round_that_times_out_keeps_the_earlier_schedules(monkeypat
     real = HilpTop.solve_at
     refined_calls = []
 
-    def flaky(self, problem, top, abstract, start_from=None, mem_unit=None):
+    def flaky(self, problem, top, abstract, start_from=None, mem_unit=None, save_budget=None):
         if any(o.solver == SOLVER_NAME for b in problem.blocks for o in b.options):
             refined_calls.append(abstract)
             assert start_from is not None  # the refined search starts from the best schedule
             return mod.TopSolution(abstract, "time_limit", float("inf"), 0.0, 0.0, [], [], None)
-        return real(self, problem, top, abstract, start_from, mem_unit)
+        return real(self, problem, top, abstract, start_from, mem_unit, save_budget)
 
     monkeypatch.setattr(HilpTop, "solve_at", flaky)
     best = compose(problem, budget, 1)
@@ -214,12 +214,13 @@ def test_retries_upwards_never_return_a_slower_schedule(monkeypatch):
     real = HilpTop.solve_at
     hinted = []
 
-    def low_first(self, problem, top, abstract, start_from=None, mem_unit=None):
+    def low_first(self, problem, top, abstract, start_from=None, mem_unit=None,
+                  save_budget=None):
         if start_from is not None:
             hinted.append((start_from.abstract_budget, abstract))
         # the first try at a lower abstract budget, so that there is room for retries
         return real(self, problem, top, abstract if hinted or abstract < full else
-                    int(0.85 * abstract), start_from, mem_unit)
+                    int(0.85 * abstract), start_from, mem_unit, save_budget)
 
     monkeypatch.setattr(HilpTop, "solve_at", low_first)
     found, _ = HilpTop(time_limit=10, retries=3, refine_rounds=0).compose(problem, full)

@@ -99,6 +99,16 @@ class HilpModel:
     base_v: int
     build_time: float = 0.0
     stats: dict = field(default_factory=dict)
+    #: first rows of the blocks a model built on top of this one rewrites (the hierarchical
+    #: model's option-specific reads): ``eager`` (row of edge ``e`` in phase ``t``:
+    #: ``+ off_d[e] + t - e_k[e]``), ``read`` (``+ read_off[e] + t - e_k[e]``, readers only)
+    #: and ``pair`` (pair ``i`` of edges ``pair_a[i] < pair_z[i]`` of one value:
+    #: ``+ pair_off[i] + t - e_k[pair_z[i]]``)
+    row_base: dict = field(default_factory=dict)
+    read_off: np.ndarray | None = None
+    pair_a: np.ndarray | None = None
+    pair_z: np.ndarray | None = None
+    pair_off: np.ndarray | None = None
 
     # -- index helpers (vectorised) ----------------------------------------------------------
     def r(self, t, k):
@@ -318,6 +328,9 @@ def build_model(
     rows.add(b_eager + (m.off_d[qa] + (q_t - e_k[qa])), r_later, 1.0)
     # D[t, a] + R[t, z] <= 1 (freed after a, so not read again in this phase)
     b = rows.block(n_q, -np.inf, 1.0)
+    cnt_q = T - e_k[pz_a]
+    m.row_base.update(eager=b_eager, pair=b)
+    m.pair_a, m.pair_z, m.pair_off = pa_a, pz_a, np.cumsum(cnt_q) - cnt_q
     rows.add(b + np.arange(n_q), d_early, 1.0)
     rows.add(b + np.arange(n_q), r_later, 1.0)
     # reads: R[t, z] <= P[t] + C[t] - sum_{earlier edges a} D[t, a], one row per (z, t)
@@ -329,6 +342,7 @@ def build_model(
     row_z = np.full(E, -1, np.int64)
     zr = np.flatnonzero(e_pos > 0)
     row_z[zr] = np.cumsum(cnt_d[zr]) - cnt_d[zr]
+    m.row_base["read"], m.read_off = b, row_z
     rr = b + np.arange(n_z)
     jz = e_j[z_item]
     rows.add(rr, m.r(z_t, e_k[z_item]), 1.0)

@@ -37,7 +37,10 @@ from hiremate.solvers.hilp.hier import (
 from hiremate.solvers.hilp.model import gcd_unit
 
 if TYPE_CHECKING:
+    from typing import Iterable
+
     from hiremate.ir.blocks import Candidate, TopProblem
+    from hiremate.ir.option import Option
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,9 @@ class HilpTop:
 
     name = "hilp-top"
     composer = True
+    #: option-specific dependencies (:func:`~hiremate.solvers.hilp.hier.top_graph`); False:
+    #: every option of a block keeps all that any of them reads (the union model, for tests)
+    option_deps = True
 
     def __init__(self, time_limit: float = 30.0, mip_gap: float = 1e-4, retries: int = 4,
                  backend: str = "highs", threads: int = 1, checkpoint: bool = True,
@@ -107,19 +113,20 @@ class HilpTop:
 
     def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int,
                  start_from: TopSolution | None = None,
-                 mem_unit: float | None = None) -> TopSolution:
+                 mem_unit: float | None = None, save_budget: int | None = None) -> TopSolution:
         """Solve the MILP of ``top`` under ``abstract`` bytes; translate and simulate.
         ``start_from``: a solution of a model of the same top graph, at most as many options
         per block, the same ``mem_unit`` and a budget no higher, offered to the backend as a
         starting point (it satisfies the new model, so a time-limited solve can only improve
         on it). ``mem_unit``: the memory scale of the model (default:
-        :meth:`memory_unit` of ``abstract``)."""
+        :meth:`memory_unit` of ``abstract``). ``save_budget``: the bound on the memory held
+        just before the loss node runs (:func:`build_hier_model`)."""
         from hiremate.ir.sequence import sequence_to_schedule
 
         start = time.perf_counter()
         if mem_unit is None:
             mem_unit = self.memory_unit(top, abstract)
-        hm: HierModel = build_hier_model(top, abstract, mem_unit)
+        hm: HierModel = build_hier_model(top, abstract, mem_unit, save_budget)
         hint = None
         if start_from is not None and start_from.model is not None:
             hint = carry_solution(start_from.model, start_from.x, hm)
@@ -136,13 +143,20 @@ class HilpTop:
         return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim,
                            hm, res.x)
 
-    def compose(self, problem: "TopProblem", budget: int) -> tuple[list["Candidate"], int | None]:
-        """Candidates within ``budget`` (simulated) and the lowest simulated peak reached."""
+    def compose(self, problem: "TopProblem", budget: int, save_budget: int | None = None
+                ) -> tuple[list["Candidate"], int | None]:
+        """Candidates within ``budget`` (simulated) and the lowest simulated peak reached.
+
+        ``save_budget``: the memory held just before the loss node runs (after the step before
+        it, :func:`simulated_save`) may not exceed it, in the MILP and in the simulator (the
+        MILP's bound is an upper bound of the simulated save, as its peak is of the simulated
+        peak; the candidates are checked all the same). The lowest peak is then that of the
+        schedules within the save budget."""
         from hiremate.ir.blocks import Candidate
         from hiremate.ir.simulator import autodiff_schedule
         from hiremate.solvers.hilp.refine import refine
 
-        found, lowest, kept = self._search(problem, budget, int(budget))
+        found, lowest, kept = self._search(problem, budget, int(budget), save_budget=save_budget)
         for r in range(self.refine_rounds):
             if not kept:
                 break
@@ -156,7 +170,8 @@ class HilpTop:
                 break
             try:
                 more, low, kept2 = self._search(new_problem, budget,
-                                                int(cand.detail["abstract_budget"]), sol)
+                                                int(cand.detail["abstract_budget"]), sol,
+                                                save_budget)
             except SolverError as exc:
                 if not getattr(exc, "timed_out", False):
                     raise
@@ -172,23 +187,61 @@ class HilpTop:
         # may miss it at the budget's edge, e.g. with huge sizes), and a budget that always works
         store_all = autodiff_schedule(problem.graph)
         sim_all = simulate(problem.graph, store_all)
-        if sim_all.peak <= budget and not found:
-            found.append(Candidate(store_all, sim_all, self.name, {"store_all": True}))
-        lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
+        if save_fits(problem.graph, store_all, sim_all, save_budget):
+            if sim_all.peak <= budget and not found:
+                found.append(Candidate(store_all, sim_all, self.name, {"store_all": True}))
+            lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
         return found, lowest
 
+    def menu(self, problem: "TopProblem", budgets: "Iterable[tuple[int, int | None]]"
+             ) -> list["Option"]:
+        """Options of ``problem.graph`` (a subgraph's CD-graph, whose loss node stands for the
+        rest of the model) for the level above: the candidates of :meth:`compose` at each
+        ``(peak, save)`` budget, summarised by
+        :func:`~hiremate.solvers.menu.option_from_schedule`; their Pareto front. A budget with
+        no candidate (infeasible, or no solution in the time limit) is skipped; none at all
+        raises :class:`~hiremate.errors.InfeasibleBudgetError`, as
+        :func:`~hiremate.solvers.menu.solve_menu` does."""
+        from hiremate.errors import InfeasibleBudgetError
+        from hiremate.ir.option import pareto_front
+        from hiremate.solvers.menu import option_from_schedule
+
+        budgets = list(budgets)
+        options = []
+        for peak, save in budgets:
+            try:
+                found, _ = self.compose(problem, int(peak), None if save is None else int(save))
+            except InfeasibleBudgetError:
+                found = []
+            except SolverError as exc:
+                if not getattr(exc, "timed_out", False):
+                    raise
+                log.warning("hilp-top menu: budget (%s, %s) skipped: %s", peak, save, exc)
+                continue
+            if not found:
+                log.debug("hilp-top menu: budget (%s, %s): no schedule", peak, save)
+            options.extend(option_from_schedule(problem.graph, c.schedule, self.name)
+                           for c in found)
+        if not options:
+            raise InfeasibleBudgetError(
+                f"{self.name}: none of the {len(budgets)} menu budgets is feasible; widen the "
+                "grid (budget_grid) or raise the budgets")
+        return pareto_front(options)
+
     def _search(self, problem: "TopProblem", budget: int, abstract: int,
-                start_from: TopSolution | None = None
+                start_from: TopSolution | None = None, save_budget: int | None = None
                 ) -> tuple[list["Candidate"], int | None, list[tuple]]:
         """The MILP at ``abstract`` (warm-started from ``start_from`` when its abstract budget
         is not higher), then at abstract budgets searched so that the simulated peak meets
         ``budget`` (each warm-started from the fastest fitting try below it): the candidates
         within it, the lowest simulated peak, and ``(candidate, top graph, top steps, top
-        solution)`` of each candidate (for the refinement)."""
+        solution)`` of each candidate (for the refinement). ``save_budget`` bounds every
+        MILP's save (it is not searched: the abstract budget moves the peak only) and a
+        schedule whose simulated save exceeds it counts as over the budget."""
         from hiremate.ir.blocks import Candidate
         from hiremate.ir.sequence import sequence_to_schedule
 
-        top = top_graph(problem, self.checkpoint)
+        top = top_graph(problem, self.checkpoint, self.option_deps)
         found: list[Candidate] = []
         kept: list[tuple] = []
         lowest: int | None = None
@@ -204,7 +257,8 @@ class HilpTop:
         for _ in range(max(self.retries, 1)):
             hint = (warm_from if warm_from is not None
                     and warm_from.abstract_budget <= abstract else None)
-            sol = self.solve_at(problem, top, abstract, start_from=hint, mem_unit=unit)
+            sol = self.solve_at(problem, top, abstract, start_from=hint, mem_unit=unit,
+                                save_budget=save_budget)
             tried.append((abstract, sol.status, sol.sim.peak if sol.sim else None))
             if sol.sim is None:
                 if sol.status == "infeasible" or found:
@@ -218,13 +272,21 @@ class HilpTop:
             sim = sol.sim
             if not sim.valid:
                 raise SolverError(f"hilp-top produced an invalid schedule (a bug): {sim.error}")
+            sched = sequence_to_schedule(problem.graph, sol.sequence)
+            if not save_fits(problem.graph, sched, sim, save_budget):
+                # not expected (the MILP bounds the save from above): count it as too high
+                log.warning("hilp-top at %s: simulated save %s over the save budget %s",
+                            fmt_bytes(abstract), fmt_bytes(simulated_save(problem.graph, sched,
+                                                                          sim)),
+                            fmt_bytes(save_budget))
+                bad = abstract
+                break
             lowest = sim.peak if lowest is None else min(lowest, sim.peak)
             seen = tuple(sol.sequence)
             if sim.peak <= budget and seen in sequences:
                 break  # a higher abstract budget gave the same schedule: nothing to gain
             sequences.add(seen)
             if sim.peak <= budget:
-                sched = sequence_to_schedule(problem.graph, sol.sequence)
                 found.append(Candidate(sched, sim, self.name, {
                     "abstract_budget": abstract, "objective": sol.objective,
                     "bound": sol.bound, "status": sol.status, "seconds": sol.seconds,
@@ -249,6 +311,22 @@ class HilpTop:
         log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
                  len(top.graph.nodes), tried)
         return found, lowest, kept
+
+
+def simulated_save(graph: Graph, schedule, sim: SimulationResult) -> int:
+    """Memory held just before ``graph``'s loss node runs in ``schedule`` (after the step
+    before it; 0 when the loss comes first): what
+    :func:`~hiremate.solvers.menu.option_from_schedule` and
+    :func:`~hiremate.solvers.menu.budget_grid` call the save, model outputs included."""
+    from hiremate.ir.schedule import Compute
+
+    cut = list(schedule).index(Compute(graph.loss))
+    return sim.profile[cut - 1] if cut else 0
+
+
+def save_fits(graph: Graph, schedule, sim: SimulationResult, save_budget: int | None) -> bool:
+    """``schedule``'s simulated save is within ``save_budget`` (None: no bound)."""
+    return save_budget is None or simulated_save(graph, schedule, sim) <= save_budget
 
 
 def gcd_unit_top(top: TopGraph) -> int:
