@@ -96,7 +96,7 @@ def test_menu_gives_the_pareto_front_of_the_budgets_that_have_schedules():
     g = residual_chain(5)
     problem = problem_of(g, SequencePartition(), menu="hilp")
     budgets = budget_grid(g, 2, 3) + [(1, 1)]  # the last one: infeasible, skipped
-    opts = HilpTop(time_limit=10, refine_rounds=0).menu(problem, budgets)
+    opts = HilpTop(time_limit=10, refine_rounds=0).compose_menu(problem, budgets)
     assert opts and opts == pareto_front(list(opts))
     peak, save, ad_time = autodiff_figures(g)
     out_b = sum(g.data[d].size for d in set(g.outputs) if g.data[d].counted)
@@ -111,4 +111,4 @@ def test_menu_with_no_feasible_budget_raises():
     g = residual_chain(3)
     problem = problem_of(g, SequencePartition())
     with pytest.raises(InfeasibleBudgetError):
-        HilpTop(time_limit=5, refine_rounds=0).menu(problem, [(1, 1), (2, None)])
+        HilpTop(time_limit=5, refine_rounds=0).compose_menu(problem, [(1, 1), (2, None)])

@@ -29,6 +29,7 @@ from typing import Any
 
 from hiremate.composer.menu_cache import decode_menu, encode_menu
 from hiremate.composer.menus import _runtime_free, run_tasks, solve_menus, store_all_option
+from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.blocks import Block, TopProblem, blocks_of
 from hiremate.ir.graph import Graph
 from hiremate.ir.option import Option, pareto_front
@@ -117,6 +118,8 @@ def solve_inner_task(graph: Graph, blocks: list[Block], tail: list[int],
         try:
             composer = cls(**params)
             options.extend(compose_menu(composer, problem, grid))
+        except InfeasibleBudgetError:  # no budget of the grid: the store-all option remains
+            continue
         except Exception as exc:  # one composer failing must not stop the others
             errors[name] = f"{type(exc).__name__}: {exc}"
     for name, cls, params in flats:

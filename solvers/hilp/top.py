@@ -193,7 +193,7 @@ class HilpTop:
             lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
         return found, lowest
 
-    def menu(self, problem: "TopProblem", budgets: "Iterable[tuple[int, int | None]]"
+    def compose_menu(self, problem: "TopProblem", budgets: "Iterable[tuple[int, int | None]]"
              ) -> list["Option"]:
         """Options of ``problem.graph`` (a subgraph's CD-graph, whose loss node stands for the
         rest of the model) for the level above: the candidates of :meth:`compose` at each
