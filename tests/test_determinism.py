@@ -30,7 +30,7 @@ from hiremate.solvers.hilp.flat import HilpSolver
 from hiremate.testing.synthetic import random_graph
 from test_registry import residual_chain
 
-QUIET = {"progress": False, "cache": False}
+QUIET = {"progress": False, "cache": False, "menu_peaks": 2, "menu_saves": 2, "n_options": 4}
 
 
 @contextlib.contextmanager
@@ -51,7 +51,7 @@ def _budget(g, frac: float) -> int:
 
 
 def test_flat_hilp_gives_the_same_schedule_beside_a_busy_process():
-    g = random_graph(3, 12)
+    g = random_graph(7, 10)
     b = _budget(g, 0.75)
     first = HilpSolver().solve(g, b)
     with busy():
@@ -71,7 +71,7 @@ def test_hilp_top_gives_the_same_schedule_at_any_load_and_n_jobs():
 
 
 def test_a_work_limited_stop_is_a_solution_and_the_wall_clock_cap_warns(caplog):
-    g = random_graph(3, 12)
+    g = random_graph(7, 10)
     model = HilpSolver().build(g, _budget(g, 0.75))
     res = backends.solve_milp(model.milp, "highs", work_limit=1, mip_gap=0.0)
     assert res.has_solution and res.limit in ("work", None)
