@@ -1,9 +1,16 @@
 """MILP backends for H-ILP: HiGHS (highspy, default), CP-SAT (ortools), PuLP (CBC, Gurobi).
 
 Each backend takes the same :class:`~hiremate.solvers.hilp.model.Milp` (sparse matrices), a
-time limit, a relative MIP gap and an optional warm-start vector, and returns a
-:class:`MilpResult`. When time runs out the best incumbent is returned with status
-``"feasible"``. Why several: HiGHS is fast and always installed; CP-SAT is strong on the
+work limit, a wall-clock cap, a relative MIP gap and an optional warm-start vector, and returns
+a :class:`MilpResult`. When a limit is reached the best incumbent is returned with status
+``"feasible"``.
+
+Determinism: the same model must give the same answer at any machine load, so the limit that
+decides is a *work* limit, counted by the solver in units that do not depend on the clock
+(:data:`DEFAULT_WORK` says which unit each backend counts), with one thread (or CP-SAT's
+deterministic interleaved search) and a fixed seed. The wall-clock ``time_limit`` stays as a
+safety cap far above the usual solve; a solve it stops is logged as a warning, since its result
+depends on the load. Why several backends: HiGHS is fast and always installed; CP-SAT is strong on the
 pure-binary structure and uses several workers; PuLP reaches CBC and, where installed, Gurobi
 (the solver the HiRemate paper used).
 
@@ -42,10 +49,23 @@ _PACKAGES = {"highs": ("highspy", "pip install highspy"),
              "pulp": ("pulp", "pip install pulp")}
 
 
+#: the work limit each backend stops at when none is given, in that backend's own unit:
+#: HiGHS: branch-and-bound nodes (``mip_max_nodes``; the root node's work, LP, cuts and
+#: heuristics, is bounded by HiGHS's own effort settings, which count LP iterations);
+#: CP-SAT: deterministic seconds (``max_deterministic_time``, a count of the work done, about
+#: a second of one core each); PuLP: branch-and-bound nodes of CBC (``maxNodes``; Gurobi and
+#: the other solvers PuLP reaches stop by the wall clock only)
+DEFAULT_WORK = {"highs": 2000, "cpsat": 20.0, "pulp": 2000}
+#: the default wall-clock cap, in seconds: a safety net far above what the work limits take
+SAFETY_TIME = 600.0
+
+
 @dataclass
 class MilpResult:
     """``status``: optimal, feasible (limit reached with an incumbent), infeasible, or
-    unknown (limit reached without any solution)."""
+    unknown (limit reached without any solution). ``limit``: which limit stopped the solve
+    before its proof, ``"work"`` (reproducible) or ``"time"`` (the wall-clock cap: the result
+    depends on the load), None when it ran to its end."""
 
     status: str
     x: np.ndarray | None
@@ -53,6 +73,7 @@ class MilpResult:
     bound: float
     solve_time: float
     backend: str
+    limit: str | None = None
 
     @property
     def has_solution(self) -> bool:
@@ -89,15 +110,21 @@ def choose_backend(milp: Milp, relax: bool = False) -> str:
 def solve_milp(
     milp: Milp,
     backend: str = "highs",
-    time_limit: float = 60.0,
+    time_limit: float = SAFETY_TIME,
     mip_gap: float = 1e-6,
     hint: np.ndarray | None = None,
     threads: int = 1,
     relax: bool = False,
     pulp_solver: str = "auto",
+    work_limit: float | None = None,
+    seed: int = 0,
 ) -> MilpResult:
     """Solve ``milp`` with ``backend``; ``relax`` drops integrality (HiGHS only: the LP bound).
 
+    ``work_limit``: the deterministic budget of work, in the backend's unit
+    (:data:`DEFAULT_WORK`, which also gives the default); ``time_limit``: the wall-clock
+    safety cap, in seconds; ``seed``: the backend's random seed. ``threads`` counts for CP-SAT
+    (interleaved, deterministic, search over that many workers) and CBC; HiGHS runs on one.
     ``backend="auto"`` picks one (:func:`choose_backend`); any other name is the backend that
     runs, and a :class:`SolverError` says so when its package is not installed."""
     if backend not in BACKENDS:
@@ -107,28 +134,39 @@ def solve_milp(
     if not installed(name):
         raise SolverError(f"H-ILP backend {name!r} needs the package {module!r}, which is not "
                           f"installed ({how})")
+    work = DEFAULT_WORK[name] if work_limit is None else work_limit
+    if not work > 0:
+        raise SolverError(f"H-ILP work_limit must be positive, not {work_limit!r}")
     try:
-        return _solve_with(milp, name, time_limit, mip_gap, hint, threads, relax, pulp_solver)
+        res = _solve_with(milp, name, time_limit, mip_gap, hint, threads, relax, pulp_solver,
+                          work, int(seed))
     except ImportError as exc:
         raise SolverError(f"H-ILP backend {name!r}: {module!r} is installed but fails to "
                           f"import ({exc}); reinstall it ({how})") from exc
+    if res.limit == "time":
+        log.warning("H-ILP backend %s was stopped by the wall-clock cap (time_limit %gs) before "
+                    "its work limit (%g): this %s result depends on the machine's load and may "
+                    "differ from run to run; raise time_limit or lower work_limit", name,
+                    float(time_limit), work, res.status)
+    return res
 
 
-def _solve_with(milp, backend, time_limit, mip_gap, hint, threads, relax, pulp_solver):
+def _solve_with(milp, backend, time_limit, mip_gap, hint, threads, relax, pulp_solver, work,
+                seed):
     if backend == "highs":
-        args = (milp, time_limit, mip_gap, hint, threads, relax)
+        args = (milp, time_limit, mip_gap, hint, relax, work, seed)
         if _loaded("ortools.sat.python.cp_model_helper"):
             return _in_subprocess("_solve_highs", args, time_limit)
         return _solve_highs(*args)
     if relax:
         raise SolverError(f"the LP relaxation is computed with backend='highs', not {backend!r}")
     if backend == "cpsat":
-        args = (milp, time_limit, mip_gap, hint, threads)
+        args = (milp, time_limit, mip_gap, hint, threads, work, seed)
         if _loaded("highspy"):
             return _in_subprocess("_solve_cpsat", args, time_limit)
         return _solve_cpsat(*args)
     if backend == "pulp":
-        return _solve_pulp(milp, time_limit, mip_gap, hint, threads, pulp_solver)
+        return _solve_pulp(milp, time_limit, mip_gap, hint, threads, pulp_solver, work, seed)
     raise SolverError(f"unknown H-ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
@@ -202,7 +240,9 @@ def _new_highs():
     return h
 
 
-def _solve_highs(milp, time_limit, mip_gap, hint, threads, relax) -> MilpResult:
+def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResult:
+    """HiGHS on one thread with a fixed seed: its branch and bound is then deterministic, and
+    ``work`` (branch-and-bound nodes) is the limit that decides."""
     import highspy
 
     A = milp.A.tocsc()
@@ -229,7 +269,9 @@ def _solve_highs(milp, time_limit, mip_gap, hint, threads, relax) -> MilpResult:
     # below hilp_model.MEM_MARGIN (1e-6 of the unit), as the memory rows assume; HiGHS's
     # default (1e-6) let a schedule a byte over a 1 TiB budget through
     h.setOptionValue("mip_feasibility_tolerance", 1e-7)
-    h.setOptionValue("threads", int(threads))
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", int(seed) % 2**31)
+    h.setOptionValue("mip_max_nodes", int(min(max(work, 1), 2**31 - 1)))
     h.passModel(lp)
     if hint is not None and not relax:
         sol = highspy.HighsSolution()
@@ -243,6 +285,9 @@ def _solve_highs(milp, time_limit, mip_gap, hint, threads, relax) -> MilpResult:
     info = h.getInfo()
     S = highspy.HighsModelStatus
     x = np.array(h.getSolution().col_value) if h.getSolution().value_valid else None
+    limits = {S.kTimeLimit: "time", S.kIterationLimit: "work", S.kSolutionLimit: "work",
+              S.kInterrupt: "time"}
+    limit = limits.get(ms)
     if ms == S.kOptimal:
         status = "optimal"
     elif ms in (S.kInfeasible,):
@@ -252,15 +297,15 @@ def _solve_highs(milp, time_limit, mip_gap, hint, threads, relax) -> MilpResult:
     elif x is not None and ms in (S.kTimeLimit, S.kIterationLimit, S.kInterrupt,
                                   S.kSolutionLimit, S.kObjectiveBound, S.kObjectiveTarget):
         status = "feasible" if (relax or info.primal_solution_status == 2) else "unknown"
-    elif ms in (S.kTimeLimit, S.kIterationLimit, S.kInterrupt):
-        status = "unknown"
+    elif ms in (S.kTimeLimit, S.kIterationLimit, S.kInterrupt, S.kSolutionLimit):
+        status = "unknown"  # a node limit reached before any incumbent
     else:
         raise SolverError(f"HiGHS stopped with status {h.modelStatusToString(ms)}")
     if status in ("infeasible", "unknown"):
         x = None
     objective = float(info.objective_function_value) if x is not None else math.inf
     bound = objective if relax else float(getattr(info, "mip_dual_bound", -math.inf))
-    return MilpResult(status, x, objective, bound, elapsed, "highs")
+    return MilpResult(status, x, objective, bound, elapsed, "highs", limit)
 
 
 # -- CP-SAT -----------------------------------------------------------------------------------
@@ -290,12 +335,14 @@ def integer_objective(c: np.ndarray, lo: np.ndarray, hi: np.ndarray
     return ci.astype(np.int64), scale, error
 
 
-def _solve_cpsat(milp, time_limit, mip_gap, hint, threads) -> MilpResult:
+def _solve_cpsat(milp, time_limit, mip_gap, hint, threads, work, seed) -> MilpResult:
     """CP-SAT needs integer variables and coefficients: the model must be built with an
     integer memory unit (``hilp_model.gcd_unit``, ``hier.gcd_unit_top``); every variable is
     then an integer. The objective (times) is scaled to integers (:func:`integer_objective`);
     the reported objective is recomputed exactly from the solution, the bound is lowered by
-    the rounding error."""
+    the rounding error. ``work`` is CP-SAT's deterministic time; with several ``threads`` the
+    workers' search is interleaved, which CP-SAT keeps deterministic (its default parallel
+    portfolio is not)."""
     from ortools.sat.python import cp_model
 
     A = milp.A.tocsr()
@@ -325,12 +372,19 @@ def _solve_cpsat(milp, time_limit, mip_gap, hint, threads) -> MilpResult:
             model.add_hint(xs[c], int(round(hint[c])))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.max_deterministic_time = float(work)
     solver.parameters.relative_gap_limit = float(mip_gap)
     solver.parameters.num_workers = max(int(threads), 1)
+    if threads > 1:
+        solver.parameters.interleave_search = True
+    solver.parameters.random_seed = int(seed) % 2**31
     solver.parameters.log_search_progress = False
     start = time.perf_counter()
     st = solver.solve(model)
     elapsed = time.perf_counter() - start
+    limit = None
+    if st in (cp_model.FEASIBLE, cp_model.UNKNOWN):
+        limit = "time" if solver.wall_time >= 0.99 * float(time_limit) else "work"
     if st == cp_model.OPTIMAL:
         status = "optimal"
     elif st == cp_model.FEASIBLE:
@@ -344,8 +398,8 @@ def _solve_cpsat(milp, time_limit, mip_gap, hint, threads) -> MilpResult:
     if status in ("optimal", "feasible"):
         x = np.array([solver.value(v) for v in xs], float)
         bound = float(solver.best_objective_bound) / scale - error
-        return MilpResult(status, x, float(milp.c @ x), bound, elapsed, "cpsat")
-    return MilpResult(status, None, math.inf, -math.inf, elapsed, "cpsat")
+        return MilpResult(status, x, float(milp.c @ x), bound, elapsed, "cpsat", limit)
+    return MilpResult(status, None, math.inf, -math.inf, elapsed, "cpsat", limit)
 
 
 # -- PuLP -------------------------------------------------------------------------------------
@@ -373,8 +427,10 @@ def _cbc(kwargs: dict, threads: int):
                       "or put a cbc executable on the PATH")
 
 
-def _pulp_solver(name: str, time_limit, mip_gap, threads, warm: bool):
-    """The PuLP solver ``name`` ("auto": Gurobi where available, else CBC), output off."""
+def _pulp_solver(name: str, time_limit, mip_gap, threads, warm: bool, work=None, seed=0):
+    """The PuLP solver ``name`` ("auto": Gurobi where available, else CBC), output off. CBC
+    stops at ``work`` branch-and-bound nodes and seeds its heuristics with ``seed + 1`` (CBC
+    takes a seed of 0 to mean the time of day); the other solvers stop by the wall clock."""
     import pulp
 
     kwargs = dict(msg=False, timeLimit=time_limit, gapRel=mip_gap, warmStart=warm)
@@ -382,6 +438,9 @@ def _pulp_solver(name: str, time_limit, mip_gap, threads, warm: bool):
         name = next((s for s in ("GUROBI", "GUROBI_CMD")
                      if pulp.getSolver(s, msg=False).available()), "CBC")
     if name in _CBC_NAMES:
+        if work is not None:
+            kwargs["maxNodes"] = int(min(max(work, 1), 2**31 - 1))
+        kwargs["options"] = [f"randomCbcSeed {int(seed) % (2**31 - 1) + 1}"]
         return _cbc(kwargs, threads)
     try:
         solver = pulp.getSolver(name, **kwargs)
@@ -404,7 +463,8 @@ def _new_variable(prob, name: str, lo: float, hi: float, cat: str):
     return pulp.LpVariable(name, lowBound=lo, upBound=hi, cat=cat)
 
 
-def _solve_pulp(milp, time_limit, mip_gap, hint, threads, solver_name) -> MilpResult:
+def _solve_pulp(milp, time_limit, mip_gap, hint, threads, solver_name, work=None, seed=0
+                ) -> MilpResult:
     import pulp
 
     A = milp.A.tocsr()
@@ -434,7 +494,8 @@ def _solve_pulp(milp, time_limit, mip_gap, hint, threads, solver_name) -> MilpRe
     if hint is not None:
         for v, val in zip(xs, hint):
             v.setInitialValue(float(round(val)) if v.cat == pulp.LpInteger else float(val))
-    solver = _pulp_solver(solver_name, time_limit, mip_gap, threads, hint is not None)
+    solver = _pulp_solver(solver_name, time_limit, mip_gap, threads, hint is not None, work,
+                          seed)
     start = time.perf_counter()
     try:
         prob.solve(solver)
@@ -455,7 +516,10 @@ def _solve_pulp(milp, time_limit, mip_gap, hint, threads, solver_name) -> MilpRe
         status = "unknown"
     else:
         raise SolverError(f"PuLP ({solver.name}) stopped with status {st}")
+    # PuLP does not say which limit stopped CBC: the wall clock when it ran that long
+    limit = ("time" if elapsed >= 0.99 * float(time_limit) else "work") \
+        if status in ("feasible", "unknown") else None
     if status in ("infeasible", "unknown"):
-        return MilpResult(status, None, math.inf, -math.inf, elapsed, "pulp")
+        return MilpResult(status, None, math.inf, -math.inf, elapsed, "pulp", limit)
     x = np.array(values, float)
-    return MilpResult(status, x, float(milp.c @ x), -math.inf, elapsed, "pulp")
+    return MilpResult(status, x, float(milp.c @ x), -math.inf, elapsed, "pulp", limit)

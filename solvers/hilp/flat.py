@@ -28,7 +28,7 @@ from hiremate.ir.simulator import SimulationResult, simulate
 from hiremate.ir.tracker import MemoryTracker, memory_floor
 from hiremate.units import fmt_bytes
 
-from hiremate.solvers.hilp.backends import BACKENDS, MilpResult, solve_milp
+from hiremate.solvers.hilp.backends import BACKENDS, SAFETY_TIME, MilpResult, solve_milp
 from hiremate.solvers.hilp.model import HilpModel, build_model, gcd_unit
 
 log = logging.getLogger(__name__)
@@ -38,17 +38,24 @@ Phases = list[list[int]]
 
 @dataclass(frozen=True)
 class HilpConfig:
-    """Solver settings. ``mip_gap`` is relative; ``time_limit`` is per MILP, in seconds; when it
-    runs out the best schedule found so far is returned. ``max_nodes`` is the applicability
+    """Solver settings. ``mip_gap`` is relative. ``work_limit`` is per MILP, in the backend's
+    deterministic unit (:data:`~hiremate.solvers.hilp.backends.DEFAULT_WORK`: HiGHS and CBC
+    branch-and-bound nodes, CP-SAT deterministic seconds; None: that default); when it runs
+    out the best schedule found so far is returned, the same at any machine load.
+    ``time_limit`` (seconds) is only a safety cap on the wall clock (a solve it stops may give
+    another schedule on another run, and is logged as a warning); ``seed`` the backend's
+    random seed. ``max_nodes`` is the applicability
     limit (the MILP grows with the square of the number of nodes). ``heuristic_hints``: offer
     TW-Remat's schedules to the warm start; at tight budgets HiGHS rarely improves on its
     starting point within a time limit, and full recomputation (the fallback) can be many
     times slower than what TW-Remat finds in a fraction of a second."""
 
     backend: str = "highs"
-    time_limit: float = 60.0
+    time_limit: float = SAFETY_TIME
     mip_gap: float = 1e-6
     threads: int = 1
+    work_limit: float | None = None
+    seed: int = 0
     warm_start: bool = True
     heuristic_hints: bool = True
     max_nodes: int = 250
@@ -326,7 +333,7 @@ class HilpSolver:
             model.milp, cfg.backend,
             max(cfg.time_limit - (time.perf_counter() - ws_start), 0.05 * cfg.time_limit),
             cfg.mip_gap, hint, cfg.threads,
-            pulp_solver=cfg.pulp_solver)
+            pulp_solver=cfg.pulp_solver, work_limit=cfg.work_limit, seed=cfg.seed)
         log.info("%s/%s on %d nodes, budget %s: %s, objective %.6g in %.2fs (+%.2fs build)",
                  self.name, cfg.backend, len(graph.nodes), fmt_bytes(budget), res.status,
                  res.objective, res.solve_time, model.build_time)
@@ -339,8 +346,10 @@ class HilpSolver:
         if not res.has_solution:  # time out, or infeasible within MEM_MARGIN: the warm start
             if hint_phases is None:
                 exc = SolverError(
-                    f"{self.name}/{cfg.backend} found no schedule within {cfg.time_limit:g}s "
-                    f"for {len(graph.nodes)} nodes; raise time_limit or partition the graph")
+                    f"{self.name}/{cfg.backend} found no schedule within its limits "
+                    f"(work_limit {cfg.work_limit}, time_limit {cfg.time_limit:g}s) for "
+                    f"{len(graph.nodes)} nodes; raise work_limit or time_limit, or partition "
+                    "the graph")
                 exc.timed_out = True  # neither a schedule nor a proof: menus skip the budget
                 raise exc
             phases, status = hint_phases, "hint"
@@ -356,6 +365,15 @@ class HilpSolver:
             phases, status = hint_phases, "hint"
             schedule = phases_to_schedule(graph, phases)
             sim = simulate(graph, schedule)
+        if status != "hint" and hint_phases is not None:
+            # a limit may stop the MILP at an incumbent slower than its warm start (CBC and
+            # CP-SAT take the start as a hint only): never return worse than the start
+            hint_sched = phases_to_schedule(graph, hint_phases)
+            hint_sim = simulate(graph, hint_sched)
+            if hint_sim.time < sim.time:
+                log.info("%s: the MILP stopped at %.6g, slower than its warm start (%.6g); "
+                         "using the warm start", self.name, sim.time, hint_sim.time)
+                phases, status, schedule, sim = hint_phases, "hint", hint_sched, hint_sim
         if not sim.valid or sim.peak > budget:
             raise SolverError(
                 f"{self.name}: the extracted schedule disagrees with the simulator "

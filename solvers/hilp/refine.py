@@ -22,7 +22,8 @@ so the block's H-ILP is solved again with
 and the options that enter the block's Pareto front are added to its menu. Only blocks whose
 menu holds H-ILP options are refined (the configuration chose H-ILP for them). Identical blocks
 share a menu, refined once for the tightest of their contexts; the largest blocks go first,
-and no block H-ILP is started once ``max_seconds`` have passed. The top level is
+and no more than ``max_solves`` block H-ILPs are run (a count, not a clock: the refinement
+gives the same menus at any machine load). The top level is
 then solved again with the larger menus (:class:`hiremate.solvers.hilp.top.HilpTop`,
 ``refine_rounds``); its earlier candidates are kept, so a round never makes the result worse.
 The slacks come from the simulator, the truth, which the top-level model bounds from above; a
@@ -152,16 +153,19 @@ def block_contexts(problem: "TopProblem", top: "TopGraph", steps, schedule: Sche
 
 
 def refine(problem: "TopProblem", top: "TopGraph", steps, schedule: Schedule, budget: int,
-           min_nodes: int = 8, time_limit: float = 20.0, max_seconds: float = 80.0
-           ) -> tuple["TopProblem | None", dict]:
+           min_nodes: int = 8, time_limit: float | None = None, max_solves: int = 16,
+           work_limit: float | None = None) -> tuple["TopProblem | None", dict]:
     """Blocks with options solved for the context of ``schedule`` (module docstring): a new
     problem whose blocks' menus gained Pareto options, or None when none did; and facts.
-    ``time_limit``: per block H-ILP; none is started after ``max_seconds``."""
+    Each block H-ILP stops at ``work_limit`` (None: the backend's default), with
+    ``time_limit`` seconds as a safety cap (None: the default cap); at most ``max_solves``
+    are run."""
     from hiremate.ir.blocks import TopProblem
     from hiremate.solvers.hilp.flat import HilpSolver
     from hiremate.solvers.menu import option_from_schedule
 
     start = time.perf_counter()
+    caps = {} if time_limit is None else {"time_limit": float(time_limit)}
     contexts = block_contexts(problem, top, steps, schedule, budget, min_nodes)
     # identical blocks share one menu: refine it once, for the tightest of their contexts
     # (the least memory to keep, then the lowest peak), which fits the others' as well when
@@ -179,18 +183,19 @@ def refine(problem: "TopProblem", top: "TopGraph", steps, schedule: Schedule, bu
     facts = {"contexts": len(contexts), "refined": 0, "solves": 0, "added": 0}
     # the largest blocks first: where the menu's coarseness costs most
     for ctx in sorted(tightest.values(), key=lambda c: -len(problem.blocks[c.block].fwd)):
-        if time.perf_counter() - start > max_seconds:
-            facts["stopped"] = "time"
+        if facts["solves"] >= max_solves:
+            facts["stopped"] = "solves"
             break
         facts["refined"] += 1
         blk = problem.blocks[ctx.block]
         menu = blk.options + added.get(blk.key, [])
         saves = sorted({local_figures(blk, o)[1] for o in menu})
-        solver = HilpSolver(time_limit=time_limit, max_nodes=max(400, len(blk.graph.nodes)))
+        solver = HilpSolver(work_limit=work_limit, max_nodes=max(400, len(blk.graph.nodes)),
+                            **caps)
         new: list[Option] = []
         for peak, save in ctx.budgets(saves):
-            if time.perf_counter() - start > max_seconds:
-                facts["stopped"] = "time"
+            if facts["solves"] >= max_solves:
+                facts["stopped"] = "solves"
                 break
             facts["solves"] += 1
             try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,7 +30,7 @@ from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import SimulationResult, simulate
 from hiremate.units import fmt_bytes
 
-from hiremate.solvers.hilp.backends import solve_milp
+from hiremate.solvers.hilp.backends import SAFETY_TIME, solve_milp
 from hiremate.solvers.hilp.hier import (
     HierModel, TopGraph, build_hier_model, carry_solution, solution_sequence, top_graph,
 )
@@ -72,15 +72,21 @@ class HilpTop:
     #: every option of a block keeps all that any of them reads (the union model, for tests)
     option_deps = True
 
-    def __init__(self, time_limit: float = 30.0, mip_gap: float = 1e-4, retries: int = 4,
+    def __init__(self, time_limit: float = SAFETY_TIME, mip_gap: float = 1e-4, retries: int = 4,
                  backend: str = "highs", threads: int = 1, checkpoint: bool = True,
-                 refine_rounds: int = 1, refine_min: int = 8, refine_time: float = 20.0,
-                 pulp_solver: str = "auto"):
+                 refine_rounds: int = 1, refine_min: int = 8, refine_time: float = SAFETY_TIME,
+                 pulp_solver: str = "auto", work_limit: float | None = None, seed: int = 0,
+                 refine_solves: int = 16, refine_work: float | None = None):
         """``backend``: the MILP backend (:data:`~hiremate.solvers.hilp.backends.BACKENDS`;
-        with ``pulp``, ``pulp_solver`` names PuLP's solver, e.g. ``CBC``).
+        with ``pulp``, ``pulp_solver`` names PuLP's solver, e.g. ``CBC``). ``work_limit``:
+        per top-level MILP, in the backend's deterministic unit
+        (:data:`~hiremate.solvers.hilp.backends.DEFAULT_WORK`; None: that default), the limit
+        that decides, so that a solve gives the same schedule at any load; ``time_limit``:
+        a wall-clock safety cap in seconds; ``seed``: the backend's seed.
         ``refine_rounds``: context-aware menu refinement rounds (0: off) for the blocks of
-        at least ``refine_min`` forward nodes, ``refine_time`` seconds per block H-ILP (none
-        is started after four times that in a round)."""
+        at least ``refine_min`` forward nodes, at most ``refine_solves`` block H-ILPs per
+        round, each with ``refine_work`` (None: the default work limit) and a wall-clock cap
+        of ``refine_time`` seconds."""
         from hiremate.solvers.hilp.backends import BACKENDS
 
         if backend not in BACKENDS:
@@ -99,6 +105,10 @@ class HilpTop:
         self.refine_min = int(refine_min)
         self.refine_time = float(refine_time)
         self.pulp_solver = str(pulp_solver)
+        self.work_limit = None if work_limit is None else float(work_limit)
+        self.seed = int(seed)
+        self.refine_solves = int(refine_solves)
+        self.refine_work = None if refine_work is None else float(refine_work)
 
     def applicable(self, graph: Graph) -> bool:
         return True
@@ -127,11 +137,17 @@ class HilpTop:
         if mem_unit is None:
             mem_unit = self.memory_unit(top, abstract)
         hm: HierModel = build_hier_model(top, abstract, mem_unit, save_budget)
-        hint = None
+        starts = [plan_start(hm, self._milp)]
         if start_from is not None and start_from.model is not None:
-            hint = carry_solution(start_from.model, start_from.x, hm)
-        res = solve_milp(hm.milp, self.backend, self.time_limit, self.mip_gap, hint,
-                         threads=self.threads, pulp_solver=self.pulp_solver)
+            starts.append(carry_solution(start_from.model, start_from.x, hm))
+        starts = [x for x in starts if x is not None]
+        hint = min(starts, key=lambda x: float(hm.milp.c @ x)) if starts else None
+        res = self._milp(hm.milp, hint)
+        if hint is not None and (not res.has_solution
+                                 or res.objective > float(hm.milp.c @ hint) + 1e-9 * abs(res.objective)):
+            # a limit stopped the MILP without reaching its warm start (a backend that takes
+            # it as a hint only): the starting point is a solution, never return worse
+            res = replace(res, status="feasible", x=hint, objective=float(hm.milp.c @ hint))
         secs = time.perf_counter() - start
         if not res.has_solution:
             return TopSolution(abstract, res.status, math.inf, res.bound, secs, [], [], None)
@@ -142,6 +158,12 @@ class HilpTop:
                  fmt_bytes(sim.peak) if sim.valid else sim.error, secs, hm.stats)
         return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim,
                            hm, res.x)
+
+    def _milp(self, milp, hint=None):
+        """One top-level MILP with this solver's backend and limits."""
+        return solve_milp(milp, self.backend, self.time_limit, self.mip_gap, hint,
+                          threads=self.threads, pulp_solver=self.pulp_solver,
+                          work_limit=self.work_limit, seed=self.seed)
 
     def compose(self, problem: "TopProblem", budget: int, save_budget: int | None = None
                 ) -> tuple[list["Candidate"], int | None]:
@@ -164,7 +186,8 @@ class HilpTop:
             cand, top, steps, sol = best
             new_problem, facts = refine(problem, top, steps, cand.schedule, budget,
                                         self.refine_min, self.refine_time,
-                                        4 * self.refine_time)
+                                        max_solves=self.refine_solves,
+                                        work_limit=self.refine_work)
             log.info("hilp-top refinement round %d: %s", r + 1, facts)
             if new_problem is None:
                 break
@@ -265,8 +288,9 @@ class HilpTop:
                     # a lower abstract budget is infeasible too, or a retry ran out of time:
                     # keep the schedules the earlier tries found
                     break
-                exc = SolverError(f"hilp-top found no solution within {self.time_limit:g}s "
-                                  f"({sol.status}); raise its time_limit")
+                exc = SolverError(f"hilp-top found no solution within its limits (work_limit "
+                                  f"{self.work_limit}, time_limit {self.time_limit:g}s; "
+                                  f"{sol.status}); raise its work_limit or time_limit")
                 exc.timed_out = True
                 raise exc
             sim = sol.sim
@@ -363,3 +387,36 @@ def store_all_objective(top: TopGraph) -> float:
         else:
             total += top.graph.nodes[k].time
     return float(np.float64(total))
+
+
+def plan_start(hm: HierModel, solve) -> np.ndarray | None:
+    """A feasible point of ``hm`` to start the MILP from, so that a limit never leaves it worse
+    than a plain plan: every top node once, in index order (store-everything at the top level),
+    each block with its fastest option; where that does not fit the abstract budget, each
+    block with its least-memory option (a standalone one, e.g. the checkpoint option, which
+    keeps only the block's outputs). The rest of the point (liveness, deletions, memory) is
+    completed by ``solve`` (the backend with its limits) on the model with the plan's ``R``
+    and ``Ro`` fixed, which leaves it no choice that changes the objective. None when neither
+    plan fits the model."""
+    top, flat = hm.top, hm.flat
+    T = len(top.graph.nodes)
+
+    def total(oc) -> float:
+        return oc.fwd_time + oc.bwd_time
+
+    fastest = [min(range(len(cs)), key=lambda o: (total(cs[o]), o)) for cs in top.costs]
+    lightest = [min(range(len(cs)), key=lambda o: (not cs[o].standalone, cs[o].phantom,
+                                                   total(cs[o]), o)) for cs in top.costs]
+    rt, rk = np.tril_indices(T)
+    r_cols = flat.r(rt, rk)
+    for choice in ([fastest] if fastest == lightest else [fastest, lightest]):
+        lo, hi = hm.milp.col_lo.copy(), hm.milp.col_hi.copy()
+        lo[r_cols] = hi[r_cols] = (rt == rk)
+        for (k, o), first in hm.ro.items():  # Ro[t, k, o], t = k .. T-1
+            on = np.zeros(T - k)
+            on[0] = float(o == choice[top.block[k]])
+            lo[first:first + T - k] = hi[first:first + T - k] = on
+        res = solve(replace(hm.milp, col_lo=lo, col_hi=hi))
+        if res.has_solution:
+            return res.x
+    return None
