@@ -219,8 +219,8 @@ class HilpTop:
     def compose_menu(self, problem: "TopProblem", budgets: "Iterable[tuple[int, int | None]]"
              ) -> list["Option"]:
         """Options of ``problem.graph`` (a subgraph's CD-graph, whose loss node stands for the
-        rest of the model) for the level above: the candidates of :meth:`compose` at each
-        ``(peak, save)`` budget, summarised by
+        rest of the model) for the level above: the schedule of one MILP at each
+        ``(peak, save)`` budget (:meth:`solve_at`), simulated and summarised by
         :func:`~hiremate.solvers.menu.option_from_schedule`; their Pareto front. A budget with
         no candidate (infeasible, or no solution in the time limit) is skipped; none at all
         raises :class:`~hiremate.errors.InfeasibleBudgetError`, as
@@ -229,22 +229,26 @@ class HilpTop:
         from hiremate.ir.option import pareto_front
         from hiremate.solvers.menu import option_from_schedule
 
+        from hiremate.ir.sequence import sequence_to_schedule
+
+        # one MILP per budget: a menu needs schedules spread over the budgets, not one that
+        # meets each exactly, so there are no retries (the MILP's memory bounds the simulated
+        # one from above, so its schedule is within the budget as a rule)
         budgets = list(budgets)
+        top = top_graph(problem, self.checkpoint, option_deps=self.option_deps)
+        unit = self.memory_unit(top, max(int(p) for p, _ in budgets))
         options = []
         for peak, save in budgets:
-            try:
-                found, _ = self.compose(problem, int(peak), None if save is None else int(save))
-            except InfeasibleBudgetError:
-                found = []
-            except SolverError as exc:
-                if not getattr(exc, "timed_out", False):
-                    raise
-                log.warning("hilp-top menu: budget (%s, %s) skipped: %s", peak, save, exc)
+            sol = self.solve_at(problem, top, int(peak), mem_unit=unit,
+                                save_budget=None if save is None else int(save))
+            if sol.sim is None:
+                log.debug("hilp-top menu: budget (%s, %s): %s", peak, save, sol.status)
                 continue
-            if not found:
-                log.debug("hilp-top menu: budget (%s, %s): no schedule", peak, save)
-            options.extend(option_from_schedule(problem.graph, c.schedule, self.name)
-                           for c in found)
+            if not sol.sim.valid:
+                raise SolverError(f"hilp-top produced an invalid schedule (a bug): "
+                                  f"{sol.sim.error}")
+            sched = sequence_to_schedule(problem.graph, sol.sequence)
+            options.append(option_from_schedule(problem.graph, sched, self.name))
         if not options:
             raise InfeasibleBudgetError(
                 f"{self.name}: none of the {len(budgets)} menu budgets is feasible; widen the "
