@@ -8,6 +8,8 @@ unit, at every height, is a valid schedule of that unit's own graph whose figure
 within the budget; two solves of one graph agree; the blocks' backward parts never depend on
 each other in a cycle, at the top or inside any unit, so the hierarchical H-ILP always has a
 top graph to solve. Each check is shown to fire on a corrupted input (the ``*_fires`` tests).
+Graphs with random ops are left out of the solves: H-Partition's parts may interleave random
+nodes, which no block order draws in the model's order (a strict xfail below pins one case).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from hiremate.registry import make_partitioner
 from hiremate.solvers.menu import option_from_schedule
 from hiremate.testing.fuzzgraphs import random_fuzz_graph
 from hiremate.testing.synthetic import random_graph
+from test_memory_pins import fuzz_graph  # module level: its @given must not nest
+from test_partition_sequence import with_constants
 
 PROPERTY = dict(deadline=None, suppress_health_check=list(HealthCheck))
 DEEP = {"max_top": 3, "max_sub": 3}
@@ -51,8 +55,11 @@ def deep_config(partition: dict | None = None, **kw):
 
 
 def any_graph(seed: int, n: int, kind: str) -> Graph:
-    """A synthetic DAG or a hostile fuzz graph (several outputs per op, empty and terabyte
-    values, inputs needing gradients) with ``n`` forward ops."""
+    """A synthetic DAG, a hostile fuzz graph (several outputs per op, empty and terabyte
+    values, inputs needing gradients) or a DAG with constants read by many ops (hoisted masks),
+    with ``n`` forward ops."""
+    if kind == "constants":
+        return with_constants(seed, n, 1 + seed % 3, 0.5, 0.0)[0]
     return random_graph(seed, n) if kind == "synthetic" else random_fuzz_graph(seed, n)
 
 
@@ -134,7 +141,7 @@ def levels_property(graph: Graph, frac: float) -> None:
 
 @settings(max_examples=10, **PROPERTY)
 @given(seed=st.integers(0, 10_000), n=st.integers(15, 30),
-       kind=st.sampled_from(["synthetic", "fuzz"]), frac=st.floats(0.5, 1.0))
+       kind=st.sampled_from(["synthetic", "fuzz", "constants"]), frac=st.floats(0.5, 1.0))
 def test_every_level_gives_valid_options_and_the_solve_fits(seed, n, kind, frac):
     """Property: at depth >= 3, every option of every unit is a valid schedule of the unit's
     graph with its recorded figures, and the solve's schedule is valid within the budget."""
@@ -144,7 +151,7 @@ def test_every_level_gives_valid_options_and_the_solve_fits(seed, n, kind, frac)
 @pytest.mark.slow
 @settings(max_examples=60, **PROPERTY)
 @given(seed=st.integers(0, 10_000), n=st.integers(15, 40),
-       kind=st.sampled_from(["synthetic", "fuzz"]), frac=st.floats(0.3, 1.0))
+       kind=st.sampled_from(["synthetic", "fuzz", "constants"]), frac=st.floats(0.3, 1.0))
 def test_every_level_gives_valid_options_and_the_solve_fits_many(seed, n, kind, frac):
     levels_property(any_graph(seed, n, kind), frac)
 
@@ -257,7 +264,7 @@ def check_no_cycles(graph: Graph, units: list[Unit], tail: list[int]) -> None:
 
 @settings(max_examples=60, **PROPERTY)
 @given(seed=st.integers(0, 100_000), n=st.integers(6, 45),
-       kind=st.sampled_from(["synthetic", "fuzz"]), max_top=st.integers(2, 5),
+       kind=st.sampled_from(["synthetic", "fuzz", "constants"]), max_top=st.integers(2, 5),
        max_sub=st.integers(2, 5))
 def test_backward_parts_never_form_a_cycle(seed, n, kind, max_top, max_sub):
     """Property: on H-Partition's parts of random graphs, at the top and inside every unit,
@@ -290,3 +297,28 @@ def test_cycle_check_fires():
         backward_acyclic(g, swapped, tail, partners=False)
     with pytest.raises(AssertionError, match="partner"):
         backward_acyclic(g, swapped, tail)
+
+
+# -- random nodes ------------------------------------------------------------------------------
+def random_order_kept(graph: Graph, units: list[Unit]) -> None:
+    """Run in the blocks' order (as every composer runs forwards), the parts at the top and
+    inside every unit draw random numbers in the model's order: the random nodes of block
+    ``i`` all come before those of block ``i + 1``."""
+    top = [u.block for u in units]
+    drawn = [n for b in top for n in b.fwd if graph.nodes[n].random]
+    assert drawn == sorted(drawn), f"top-level parts draw random nodes in the order {drawn}"
+    for u in (u for t in units for u in t.walk()):
+        sub = u.block.graph
+        drawn = [n for c in u.children for n in c.block.fwd if sub.nodes[n].random]
+        assert drawn == sorted(drawn), f"a unit's parts draw random nodes in the order {drawn}"
+
+
+@pytest.mark.xfail(strict=True, reason="H-Partition's parts ignore the order of random nodes: "
+                   "no block order draws them as the model does, so the hierarchical path "
+                   "finds no schedule (SolverError when flat_max_nodes is 0)")
+def test_partition_keeps_the_order_of_random_nodes():
+    """Random ops (dropout) must first run in the model's order (the simulator's rule); the
+    top-level parts of this fuzz graph are [0, 5], [4, 6], ... (random nodes listed)."""
+    g = fuzz_graph(107, 25)
+    units, _, _ = units_of(g, deep_config({"max_top": 5, "max_sub": 5}))
+    random_order_kept(g, units)
