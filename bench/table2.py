@@ -27,6 +27,9 @@ Run::
     python bench/table2.py unet --flat-time 30 --n-jobs 1    # a quick trial
 
 ``--config`` and ``--set key=value`` change the hierarchical side (see bench/paper_table.py).
+``bench/bench_hilp_hier.py`` is the earlier form of this comparison (the ``hilp`` preset's
+menus on the sequence partition, the zoo's default sizes); this one runs the default preset
+(H-Partition, every level solved) as a user gets it.
 Prints a Markdown table (``--json``: one JSON object per line). Results: docs/results.md.
 """
 
