@@ -8,9 +8,13 @@ For each case and each budget (``--budgets``, fractions of the autodiff peak; de
   = 0``, so the hierarchy decides even on graphs that the preset would solve whole
   (``--keep-flat``: the preset as it is); its overhead (relative time - 1), solve time, winner;
 - **flat**: the ``hilp`` solver on the whole graph with ``--flat-time`` seconds (default 600,
-  the paper's setting), warm-started as the solver does (its LP rounding and TW-Remat's
-  schedules; ``--hint-hier`` also offers it the hierarchical schedule); its overhead, the
-  MILP's status, its own dual bound (as an overhead) and its wall time;
+  the paper's setting), warm-started: its LP rounding and TW-Remat's schedules, which this
+  script puts in index order first (``bench_hilp_hier.index_order``: the flat model first
+  computes nodes in index order, and TW-Remat's schedules on these graphs do not, so the solver
+  alone drops them and starts from full recomputation; ``--raw-hints``: leave them to the
+  solver as they are). ``--hint-hier`` also offers it the hierarchical schedule. Its overhead,
+  the MILP's status (``hint``: the warm start was kept), its own dual bound (as an overhead)
+  and its wall time;
 - **LP bound**: the LP relaxation of the flat H-ILP (``--lp-time`` s; skipped above
   ``--lp-max-nodes`` compute nodes), as an overhead: no schedule within the budget is faster.
 
@@ -83,10 +87,23 @@ def hierarchical(graph, budget: int, args: argparse.Namespace) -> dict[str, Any]
                           h.get("largest_subgraph")]}
 
 
+def ordered_hints(graph, hier: tuple = ()) -> list:
+    """TW-Remat's schedules (and ``hier``) in index order, so that the flat H-ILP can start
+    from them (see the module docstring)."""
+    from hiremate.solvers.twremat import TWRemat
+
+    from bench_hilp_hier import index_order
+
+    twremat = TWRemat()
+    found = [c.schedule for c in twremat.candidates(graph)] if twremat.applicable(graph) else []
+    return [index_order(graph, s) for s in (*hier, *found)]
+
+
 def flat(graph, budget: int, ad_time: float, args: argparse.Namespace,
-         hints: tuple = ()) -> dict[str, Any]:
+         hier: tuple = ()) -> dict[str, Any]:
     solver = HilpSolver(time_limit=args.flat_time, max_nodes=10 ** 9, warm_start=True)
     start = time.perf_counter()
+    hints = list(hier) if args.raw_hints else ordered_hints(graph, hier)
     try:
         res = solver.solve(graph, budget, hints=hints)
     except HiremateError as exc:
@@ -140,6 +157,8 @@ def main() -> None:
                         help="time limit of the flat H-ILP (s; default 600)")
     parser.add_argument("--hint-hier", action="store_true",
                         help="warm-start the flat H-ILP with the hierarchical schedule too")
+    parser.add_argument("--raw-hints", action="store_true",
+                        help="flat H-ILP: TW-Remat's schedules as the solver takes them")
     parser.add_argument("--keep-flat", action="store_true",
                         help="hierarchical side: keep the preset's flat path")
     parser.add_argument("--n-jobs", type=int, default=2, help="menu workers (default 2)")
@@ -159,7 +178,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; cases: {', '.join(CASES)}")
     if not args.json:
-        print(f"cost {args.cost}, flat H-ILP {args.flat_time:g}s, config {args.config}"
+        print(f"cost {args.cost}, flat H-ILP {args.flat_time:g}s"
+              + (" (hints as given)" if args.raw_hints else " (hints in index order)")
+              + f", config {args.config}"
               + ("" if args.keep_flat else ", flat_max_nodes=0")
               + "".join(f", {s}" for s in args.set) + "; overheads over autodiff")
         print()
