@@ -1,0 +1,169 @@
+"""Helpers shared by the paper benchmarks (``bench/paper_table.py``, ``bench/table2.py``).
+
+The paper's figures these scripts print beside ours, the configuration built from a preset and
+``--set key=value`` overrides, graphs built once and cached, the lower bound of a budget (the LP
+relaxation of the flat H-ILP when the graph is small enough, else the trivial one: autodiff's
+time) and the end-to-end check of a schedule (measured peak, gradients against eager PyTorch).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import yaml
+
+import hiremate
+from hiremate import zoo
+from hiremate.config import Config, load_config
+from hiremate.ir.graph import Graph
+
+#: The paper's Table 3(c), per model: total solving time (minutes), budget (GB), observed
+#: relative peak memory, predicted relative average time, observed relative average time
+#: (None where the paper has no figure).
+PAPER_TABLE3C: dict[str, tuple[float, float, float, float, float | None]] = {
+    "gpt-24": (7.9, 1.7, 0.366, 1.223, 1.203),
+    "gpt-96": (15, 4.5, 0.472, 1.196, 1.260),
+    "unet": (9, 5, 0.513, 1.135, 1.133),
+    "mlpmixer": (1.5, 4.5, 0.533, 1.073, 1.090),
+    "regnet32": (5, 3.5, 0.411, 1.070, 1.058),
+    "resnet101": (5.5, 4.5, 0.426, 1.153, 1.153),
+    "transformer-6-6": (20, 3.5, 0.469, 1.176, 1.148),
+    "transformer-36-36": (147, 4.9, 0.446, 1.184, None),
+    "fno1d": (2.5, 5, 0.531, 1.147, 1.110),
+    "fno3d": (5.3, 4, 0.472, 1.174, 1.041),
+}
+
+
+# -- configuration --------------------------------------------------------------------------------
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """``["a=1", "solver_params.hilp.time_limit=5"]`` as a nested dict; values are YAML
+    (``true``, ``[hilp]``, ``{max_top: 8}``), so a typo in a key fails in :class:`Config`."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set takes key=value, got {item!r}")
+        value = yaml.safe_load(text) if text.strip() else None
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {p!r} was given a value before")
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` over ``base``, mappings merged key by key (other values replaced)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def make_config(config: str = "hiremate", sets: list[str] | None = None,
+                **defaults: Any) -> Config:
+    """The preset (or YAML file) ``config`` with the benchmark's ``defaults`` (cache off, no
+    calibration...) and then the user's ``--set`` overrides merged over it."""
+    data = load_config(config).to_dict()
+    data = _merge(_merge(data, defaults), parse_sets(sets))
+    return Config.from_dict(data)
+
+
+# -- graphs ---------------------------------------------------------------------------------------
+def graph_of(key: str, make: Callable[[], tuple[torch.nn.Module, Any]], cost: str,
+             cache: Path | None = None) -> tuple[Graph, float]:
+    """The graph of ``make()``'s model and sample with cost model ``cost`` and the seconds its
+    build took (0 when read from ``cache``; only ``flops`` graphs are cached: measured costs
+    belong to one machine and one moment)."""
+    path = cache / f"{key}-{cost}.graph" if cache is not None and cost == "flops" else None
+    if path is not None and path.exists():
+        return Graph.load(path), 0.0
+    model, sample = make()
+    start = time.perf_counter()
+    graph = hiremate.build_graph(model, sample, cost_model=cost)
+    took = time.perf_counter() - start
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        graph.save(path)
+    return graph, took
+
+
+# -- bounds ---------------------------------------------------------------------------------------
+def lower_bound(graph: Graph, budget: int, max_nodes: int, time_limit: float
+                ) -> tuple[float, str, float]:
+    """A time no schedule within ``budget`` beats, what it is, and the seconds it took: the LP
+    relaxation of the flat H-ILP (``"LP"``) on graphs of at most ``max_nodes`` compute nodes,
+    else autodiff's time (``"autodiff (trivial)"``; also when the LP stopped before its
+    optimum, ``"autodiff (LP stopped)"``). ``inf`` with ``"LP infeasible"``: nothing fits."""
+    from hiremate.solvers.hilp.flat import lower_bound as lp_bound
+
+    ad_time = hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).time
+    if len(graph.nodes) > max_nodes:
+        return ad_time, "autodiff (trivial)", 0.0
+    start = time.perf_counter()
+    value = lp_bound(graph, budget, time_limit=time_limit)
+    took = time.perf_counter() - start
+    if value is None:
+        return ad_time, "autodiff (LP stopped)", took
+    if math.isinf(value):
+        return value, "LP infeasible", took
+    # every schedule runs each node once at least: autodiff's time bounds it too
+    return max(value, ad_time), "LP", took
+
+
+def gap(time: float, bound: float) -> float:
+    """How much slower than the bound ``time`` is (0.05: 5%); nan without a finite bound."""
+    return time / bound - 1 if bound and math.isfinite(bound) else float("nan")
+
+
+# -- end to end -----------------------------------------------------------------------------------
+def _grads(fn: Callable, model: torch.nn.Module, sample: Any) -> dict[str, torch.Tensor]:
+    args, kwargs = zoo.split_sample(sample)
+    for p in model.parameters():
+        p.grad = None
+    zoo.output_loss(fn(*args, **kwargs)).backward()
+    out = {n: p.grad.detach().clone() for n, p in model.named_parameters()
+           if p.grad is not None}
+    for p in model.parameters():
+        p.grad = None
+    return out
+
+
+def execute(model: torch.nn.Module, sample: Any, graph: Graph, budget: int, cfg: Config
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wrap ``model`` with the schedule solved for ``graph`` (one solve) and run it: the
+    wrapper's report, and the measured peak over the budget, the measured peak over eager
+    PyTorch's, and the largest gradient difference from eager (run the model in float64 for a
+    difference that means something)."""
+    from hiremate.api import HRockmate
+
+    remat = HRockmate.from_graph(model, graph, budget, config=cfg, sample=sample)
+    args, kwargs = zoo.split_sample(sample)
+    peak = hiremate.measure(remat, *args, **kwargs).peak
+    eager_peak = hiremate.measure(model, *args, **kwargs).peak
+    eager, mine = _grads(model, model, sample), _grads(remat, model, sample)
+    if eager.keys() != mine.keys():
+        diff = float("inf")
+    else:
+        diff = max((float((mine[k] - eager[k]).abs().max()) for k in eager), default=0.0)
+    facts = {"measured_peak_over_budget": peak / budget,
+             "measured_relative_peak": peak / eager_peak if eager_peak else float("nan"),
+             "max_grad_diff": diff}
+    return remat.report(), facts
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A table cell: floats rounded, None and nan as a dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e-3 and value else f"{value:.{digits}f}"
+    if isinstance(value, (list, tuple)):
+        return "/".join(map(str, value))
+    return str(value)

@@ -1,0 +1,159 @@
+"""The HiRemate paper's Table 3 on the zoo at the paper's sizes: partition, solve, bound, run.
+
+For every model of ``hiremate.zoo.paper_models()`` (or those named), at a budget of ``--budget``
+times the autodiff peak (default 0.5): the graph is built with ``--cost`` (``flops``: analytic,
+deterministic; ``measure``: timed on this machine) and solved once with the default preset
+(``configs/hiremate.yaml``; menu cache off, no calibration, ``--n-jobs`` workers). One row:
+
+- compute nodes; H-Partition's depth / subgraphs / unique subgraphs / largest subgraph (the
+  report's ``hierarchy``) beside the paper's Table 3(b); ``path``: whether the flat path (the
+  whole graph by H-ILP and TW-Remat, graphs of at most ``flat_max_nodes`` compute nodes), the
+  hierarchical one or both ran;
+- the winning solver, the solve time (s) and the predicted relative time (the simulator's time
+  over autodiff's) beside the paper's Table 3(c) predicted relative average time;
+- a lower bound on the relative time and our gap to it: the LP relaxation of the flat H-ILP when
+  the graph has at most ``--lp-max-nodes`` compute nodes (within ``--lp-time`` s), else
+  autodiff's time (the trivial bound: the bound column says which);
+- with ``--execute``: the model is built in float64 (graph, solve and run all in float64; an
+  ``--cache``d graph is per dtype) and wrapped (``HRockmate.from_graph``, the same single
+  solve); the measured peak over the budget, the measured peak over eager PyTorch's (beside the
+  paper's observed relative peak) and the largest gradient difference from eager.
+
+Run::
+
+    python bench/paper_table.py fno1d unet --cost flops --n-jobs 1 --cache /tmp/paper-graphs
+    python bench/paper_table.py --execute --json            # every model, one JSON per line
+    python bench/paper_table.py gpt-24 --set flat_max_nodes=0 --set total_options=60
+
+``--config`` takes a preset name or a YAML file; ``--set key=value`` (repeatable, dotted keys
+into mappings: ``solver_params.hilp-top.time_limit=60``) overrides it. Prints a Markdown table
+(``--json``: one JSON object per line instead). Results with their commands: docs/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hiremate
+from hiremate import zoo
+from hiremate.errors import HiremateError
+from hiremate.zoo.paper import PaperModel
+
+from paper_common import PAPER_TABLE3C, execute, fmt, gap, graph_of, lower_bound, make_config
+
+HEADER = ("model", "compute nodes", "H-Partition d/s/u/l", "paper 3(b)", "path", "solver",
+          "solve s", "pred. rel. time", "paper 3(c)", "lower bound", "bound", "gap",
+          "pred. rel. peak", "measured peak / budget", "measured rel. peak", "paper 3(c)",
+          "max grad diff")
+
+
+def _path(report: dict[str, Any]) -> str:
+    flat, hier = report.get("flat_path"), report.get("hierarchical_path")
+    return "flat+hier" if flat and hier else "flat" if flat else "hier" if hier else "-"
+
+
+def row(m: PaperModel, args: argparse.Namespace) -> dict[str, Any]:
+    """Build, solve (and with ``--execute`` run) one model: its row as a dict."""
+    dtype = torch.float64 if args.execute else None
+    key = f"paper-{m.paper_name}" + ("-f64" if args.execute else "")
+    graph, build_s = graph_of(key, lambda: zoo.get_paper(m.paper_name, dtype=dtype),
+                              args.cost, args.cache)
+    ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
+    budget = int(args.budget * ad.peak)
+    cfg = make_config(args.config, args.set, cache=False, calibrate=0, n_jobs=args.n_jobs,
+                      progress=False)
+    paper = PAPER_TABLE3C[m.paper_name]
+    out: dict[str, Any] = {
+        "model": m.paper_name, "cost": args.cost, "dtype": "float64" if args.execute else
+        "float32", "budget_fraction": args.budget, "budget": budget,
+        "compute_nodes": len(graph.nodes), "fwd_nodes": len(graph.fwd_nodes),
+        "build_s": round(build_s, 1), "paper_partition": list(m.paper_partition),
+        "paper_relative_time": paper[3], "paper_observed_relative_peak": paper[2],
+        "paper_solve_min": paper[0],
+    }
+    start = time.perf_counter()
+    try:
+        if args.execute:
+            model, sample = zoo.get_paper(m.paper_name, dtype=dtype)
+            report, facts = execute(model, sample, graph, budget, cfg)
+            out.update(facts)
+        else:
+            report = hiremate.solve_graph(graph, budget, cfg).report
+    except HiremateError as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    h = report.get("hierarchy", {})
+    out.update({
+        "partition": [h.get("levels"), h.get("subgraphs"), h.get("unique_subgraphs"),
+                      h.get("largest_subgraph")],
+        "path": _path(report), "solver": report.get("solver"),
+        "solve_s": round(report.get("solve_time", time.perf_counter() - start), 2),
+        "relative_time": report["relative_time"], "relative_peak": report["relative_peak"],
+        "levels": report.get("levels"),
+    })
+    bound, kind, lp_s = lower_bound(graph, budget, args.lp_max_nodes, args.lp_time)
+    out.update({"lower_bound": bound / ad.time, "bound": kind, "bound_s": round(lp_s, 1),
+                "gap": gap(report["predicted_time"], bound)})
+    return out
+
+
+def emit(r: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(r, default=str), flush=True)
+        return
+    if "error" in r:
+        print(f"| {r['model']} | {r['compute_nodes']} | {r['error']} |", flush=True)
+        return
+    cells = (r["model"], r["compute_nodes"], fmt(r["partition"]), fmt(r["paper_partition"]),
+             r["path"], r["solver"], fmt(r["solve_s"], 1), fmt(r["relative_time"]),
+             fmt(r["paper_relative_time"]), fmt(r["lower_bound"]), r["bound"],
+             f"{100 * r['gap']:.1f}%" if r["gap"] == r["gap"] else "-",
+             fmt(r["relative_peak"]), fmt(r.get("measured_peak_over_budget")),
+             fmt(r.get("measured_relative_peak")), fmt(r["paper_observed_relative_peak"]),
+             fmt(r.get("max_grad_diff"), 2))
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="*", help="paper model names (default: all)")
+    parser.add_argument("--budget", type=float, default=0.5,
+                        help="budget as a fraction of the autodiff peak (default 0.5)")
+    parser.add_argument("--cost", choices=("flops", "measure"), default="flops")
+    parser.add_argument("--n-jobs", type=int, default=2, help="menu workers (default 2)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="folder of built graphs (flops graphs only)")
+    parser.add_argument("--lp-max-nodes", type=int, default=300,
+                        help="LP bound on graphs of at most this many compute nodes")
+    parser.add_argument("--lp-time", type=float, default=600.0, help="LP time limit (s)")
+    parser.add_argument("--execute", action="store_true",
+                        help="float64 model, run through the wrapper: peak and gradients")
+    parser.add_argument("--config", default="hiremate", help="preset name or YAML file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="configuration override (repeatable; dotted keys into mappings)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)
+    make_config(args.config, args.set)  # a bad override fails before any build
+    chosen = [zoo.paper_model(n) for n in args.models] or list(zoo.paper_models().values())
+    if not args.json:
+        print(f"budget {args.budget:g} x autodiff peak, cost {args.cost}, config {args.config}"
+              + "".join(f", {s}" for s in args.set))
+        print()
+        print("| " + " | ".join(HEADER) + " |")
+        print("|" + "---|" * len(HEADER))
+    for m in chosen:
+        emit(row(m, args), args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The paper benchmarks' helpers (bench/paper_common.py): ``--set`` parsing, the configuration
+they solve with, the lower bound's kinds and the gap."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+import hiremate
+from hiremate.errors import ConfigError
+from hiremate.testing.synthetic import random_graph
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import paper_common  # noqa: E402
+
+
+def test_parse_sets_nests_dotted_keys_and_reads_yaml():
+    sets = paper_common.parse_sets(["flat_max_nodes=0", "solver_params.hilp-top.time_limit=5",
+                                    "top=[hilp-top]", "partitioner_params={max_top: 8}"])
+    assert sets == {"flat_max_nodes": 0, "solver_params": {"hilp-top": {"time_limit": 5}},
+                    "top": ["hilp-top"], "partitioner_params": {"max_top": 8}}
+    with pytest.raises(ValueError):
+        paper_common.parse_sets(["no-equals"])
+    with pytest.raises(ValueError):
+        paper_common.parse_sets(["a=1", "a.b=2"])
+
+
+def test_make_config_merges_defaults_then_overrides_into_the_preset():
+    cfg = paper_common.make_config("hiremate", ["solver_params.hilp-top.time_limit=5",
+                                                "calibrate=1"], cache=False, calibrate=0)
+    preset = hiremate.load_config("hiremate")
+    assert cfg.cache is False and cfg.calibrate == 1
+    assert cfg.solver_params["hilp-top"] == {"time_limit": 5}
+    # the other solvers' parameters are the preset's
+    assert cfg.solver_params["hilp"] == preset.solver_params["hilp"]
+    with pytest.raises(ConfigError):
+        paper_common.make_config("hiremate", ["no_such_key=1"])
+
+
+def test_lower_bound_kinds_and_gap():
+    g = random_graph(3, 8)
+    ad = hiremate.simulate(g, hiremate.autodiff_schedule(g))
+    trivial, kind, _ = paper_common.lower_bound(g, ad.peak // 2, max_nodes=0, time_limit=10)
+    assert kind == "autodiff (trivial)" and trivial == ad.time
+    lp, kind, _ = paper_common.lower_bound(g, ad.peak, max_nodes=10 ** 6, time_limit=10)
+    assert kind == "LP" and lp == pytest.approx(ad.time)
+    tight, kind, _ = paper_common.lower_bound(g, int(0.7 * ad.peak), 10 ** 6, 10)
+    assert kind in ("LP", "LP infeasible") and tight >= ad.time
+    assert paper_common.gap(1.1, 1.0) == pytest.approx(0.1)
+    assert math.isnan(paper_common.gap(1.0, math.inf))
