@@ -21,6 +21,8 @@ import math
 import sys
 import time
 
+from hiremate.solvers.hilp.flat import index_order
+
 
 def build(name: str):
     import hiremate
@@ -50,36 +52,6 @@ def menus(graph, menu_time: float, cache_dir: str | None, grid: tuple[int, int, 
     solve_menus(blocks, cfg, MenuCache(cache_dir, enabled=cache_dir is not None))
     return TopProblem(graph, blocks, tail), time.perf_counter() - t0
 
-
-def index_order(graph, schedule):
-    """``schedule`` with each first computation that comes before its index's turn (the
-    constant nodes that the sequence partition hoists into a prologue) delayed to that turn:
-    the flat H-ILP first computes the nodes in index order, so only such a schedule can
-    warm-start it (``phases_from_schedule``). The original when the result is not valid."""
-    from hiremate.ir.schedule import Compute
-    from hiremate.ir.simulator import simulate
-    from hiremate.ir.sequence import sequence_to_schedule
-
-    out, early, t = [], set(), 0
-    for step in schedule:
-        if not isinstance(step, Compute):
-            continue
-        k = step.node
-        if k < t:
-            out.append(k)
-        elif k == t:
-            out.append(k)
-            t += 1
-            while t in early:
-                early.discard(t)
-                out.append(t)
-                t += 1
-        else:
-            early.add(k)  # run at its turn (a repeat before then is dropped)
-    if early or t != len(graph.nodes):
-        return schedule
-    moved = sequence_to_schedule(graph, out)
-    return moved if simulate(graph, moved).valid else schedule
 
 
 def best(cands):

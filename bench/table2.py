@@ -9,7 +9,7 @@ For each case and each budget (``--budgets``, fractions of the autodiff peak; de
   (``--keep-flat``: the preset as it is); its overhead (relative time - 1), solve time, winner;
 - **flat**: the ``hilp`` solver on the whole graph with ``--flat-time`` seconds (default 600,
   the paper's setting), warm-started: its LP rounding and TW-Remat's schedules, which this
-  script puts in index order first (``bench_hilp_hier.index_order``: the flat model first
+  script puts in index order first (``hiremate.solvers.hilp.flat.index_order``: the flat model first
   computes nodes in index order, and TW-Remat's schedules on these graphs do not, so the solver
   alone drops them and starts from full recomputation; ``--raw-hints``: leave them to the
   solver as they are). ``--hint-hier`` also offers it the hierarchical schedule. Its overhead,
@@ -92,7 +92,7 @@ def ordered_hints(graph, hier: tuple = ()) -> list:
     from them (see the module docstring)."""
     from hiremate.solvers.twremat import TWRemat
 
-    from bench_hilp_hier import index_order
+    from hiremate.solvers.hilp.flat import index_order
 
     twremat = TWRemat()
     found = [c.schedule for c in twremat.candidates(graph)] if twremat.applicable(graph) else []

@@ -158,6 +158,38 @@ def phases_from_schedule(graph: Graph, schedule: Schedule) -> Phases | None:
     return [sorted(p) for p in phases]
 
 
+def index_order(graph: Graph, schedule: Schedule) -> Schedule:
+    """``schedule`` with each first computation that comes before its index's turn delayed to
+    that turn (frees derived again): the flat H-ILP first computes nodes in index order, so
+    only such a schedule has a phase form. TW-Remat's and the hierarchy's schedules often
+    compute a node early (a hoisted constant, a branch taken first); delayed, they warm-start
+    the MILP instead of being dropped. The original when the result is not valid."""
+    from hiremate.ir.sequence import sequence_to_schedule
+
+    out: list[int] = []
+    early: set[int] = set()
+    t = 0
+    for step in schedule:
+        if not isinstance(step, Compute):
+            continue
+        k = step.node
+        if k < t:
+            out.append(k)
+        elif k == t:
+            out.append(k)
+            t += 1
+            while t in early:
+                early.discard(t)
+                out.append(t)
+                t += 1
+        else:
+            early.add(k)  # runs at its turn (a repeat before then is dropped)
+    if early or t != len(graph.nodes):
+        return schedule
+    moved = sequence_to_schedule(graph, out)
+    return moved if simulate(graph, moved).valid else schedule
+
+
 def warm_start(graph: Graph, model: HilpModel, budget: int, save_budget: int | None,
                lp_time: float, hints: Sequence[Schedule] = ()) -> Phases | None:
     """A feasible schedule to start from: store-all, else the best of ``hints`` (schedules from
@@ -179,6 +211,8 @@ def warm_start(graph: Graph, model: HilpModel, budget: int, save_budget: int | N
     candidates = [recompute_phases(graph)]
     for hint in hints:
         ph = phases_from_schedule(graph, hint)
+        if ph is None:  # first computations out of index order: delay them to their turn
+            ph = phases_from_schedule(graph, index_order(graph, hint))
         if ph is not None:
             candidates.append(ph)
         else:
