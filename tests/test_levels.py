@@ -266,8 +266,8 @@ def check_no_cycles(graph: Graph, units: list[Unit], tail: list[int]) -> None:
 
 @settings(max_examples=60, **PROPERTY)
 @given(seed=st.integers(0, 100_000), n=st.integers(6, 45),
-       kind=st.sampled_from(["synthetic", "fuzz", "random", "constants"]), max_top=st.integers(2, 5),
-       max_sub=st.integers(2, 5))
+       kind=st.sampled_from(["synthetic", "fuzz", "random", "constants"]),
+       max_top=st.integers(2, 5), max_sub=st.integers(2, 5))
 def test_backward_parts_never_form_a_cycle(seed, n, kind, max_top, max_sub):
     """Property: on H-Partition's parts of random graphs, at the top and inside every unit,
     the blocks' backward parts are acyclic and the hierarchical H-ILP's top graph orders
@@ -340,8 +340,9 @@ def test_units_draw_random_nodes_in_the_model_order(seed, n, p_random, max_top, 
 def test_deep_solve_of_graphs_with_random_ops(seed, caplog):
     """The default preset's hierarchical path solves fuzz graphs with random ops cut in parts
     of at most five (without the ordering of random nodes, all but 116 fail: hilp-top's
-    schedules and rk-Rotor's translations draw random nodes out of order). At 70% of the autodiff peak, or at the
-    budget the infeasibility error names; no solver logs an invalid schedule."""
+    schedules and rk-Rotor's translations draw random nodes out of order). At 70% of the
+    autodiff peak, or at the budget the infeasibility error names; no solver logs an invalid
+    schedule."""
     g = fuzz_graph(seed, 25)
     cfg = load_config("hiremate", cache=False, n_jobs=1, progress=False, flat_max_nodes=0,
                       partitioner_params={"max_top": 5, "max_sub": 5})
