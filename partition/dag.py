@@ -13,12 +13,17 @@ and no cost (same paper, appendix C.1.3): they stay alive throughout whatever th
 does. Nodes computed only
 from values that need no gradient (masks, position ids) are marked ``constant``: a partitioner
 may run them first and treat their values the same way (:mod:`.constants`).
+
+Random nodes (dropout) are marked ``random``: the simulator requires them to be first computed
+in the graph's order, since the executor replays the random generator's draws in that order.
+:func:`order_random` adds ordering edges between consecutive random nodes, for partitioners
+that group nodes other than by intervals of the topological order (see its docstring).
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hiremate.errors import InvalidGraphError
 from hiremate.ir.graph import Graph
@@ -38,6 +43,8 @@ class ForwardDag:
     ``constant[i]``: node ``i`` computes only from values that need no gradient, so it may run
     before everything else (:mod:`.constants`); empty when unknown (every node then counts as
     non-constant).
+    ``random``: node ``i`` draws random numbers (at the bottom level), or holds a node that
+    does (above it); empty when unknown (no node is then random).
     """
 
     preds: list[tuple[int, ...]]
@@ -48,6 +55,7 @@ class ForwardDag:
     weight: list[int]
     labels: list[str]
     constant: list[bool] = field(default_factory=list)
+    random: list[bool] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -91,6 +99,7 @@ class ForwardDag:
         labels: list[str] | None = None,
         soft_preds: list[list[int]] | None = None,
         constant: list[bool] | None = None,
+        random: list[bool] | None = None,
     ) -> "ForwardDag":
         """Build from per-node predecessors and ``(producer, size, users, is_output)`` values.
 
@@ -112,6 +121,7 @@ class ForwardDag:
             weight=[1] * n,
             labels=list(labels) if labels is not None else ["op"] * n,
             constant=list(constant) if constant is not None else [],
+            random=list(random) if random is not None else [],
         )
 
 
@@ -145,8 +155,48 @@ def forward_dag(graph: Graph) -> tuple[ForwardDag, list[int], list[int]]:
     labels = [graph.nodes[nid].signature or graph.nodes[nid].name for nid in node_ids]
     const = constant_nodes(graph)
     dag = ForwardDag.build([sorted(s) for s in preds], values, labels,
-                           constant=[nid in const for nid in node_ids])
+                           constant=[nid in const for nid in node_ids],
+                           random=[graph.nodes[nid].random for nid in node_ids])
     return dag, node_ids, value_ids
+
+
+def order_random(dag: ForwardDag) -> ForwardDag:
+    """``dag`` with an ordering edge ``r -> r'`` between consecutive random nodes wherever ``r``
+    is not already an ancestor of ``r'``; ``dag`` itself when no edge is needed.
+
+    Why: random nodes must first run in the graph's order (the simulator's rule), and the
+    composers run the parts of every level one after the other, in the order of the contracted
+    DAG. With a path from each random node to the next, a convex part holding two random nodes
+    holds every random node between them (they lie on a path between the two), and along any
+    topological order of the parts, at any level, the random nodes come in the graph's order (a
+    path between two parts orders them). The edges constrain the order only, like soft edges:
+    no value crosses them, so a score counting a part's interface bytes gives them nothing.
+
+    An edge is added only where no path exists yet, so that random nodes already chained by
+    data (dropouts along the residual stream of a transformer) leave the DAG, its dominators and
+    its candidates as they are. Going through the nodes in topological order, ``last[u]`` is the
+    latest random node (by rank) among ``u`` and its ancestors, edges added so far included;
+    since every random node before it already reaches the previous one, the previous random node
+    is an ancestor exactly when ``last`` over the predecessors reaches it. Linear in the edges.
+    """
+    if not dag.random or sum(dag.random) < 2:
+        return dag
+    preds = list(dag.preds)
+    last = [-1] * dag.n
+    prev = -1  # the previous random node
+    added = 0
+    for u, ps in enumerate(preds):
+        best = max((last[p] for p in ps), default=-1)
+        if dag.random[u]:
+            if prev >= 0 and best < prev:
+                preds[u] = tuple(sorted((*ps, prev)))
+                added += 1
+            prev = u
+            best = u
+        last[u] = best
+    if not added:
+        return dag
+    return replace(dag, preds=preds)
 
 
 def contract(dag: ForwardDag, blocks: list[list[int]]) -> tuple[ForwardDag, list[tuple[int, ...]]]:
@@ -212,7 +262,9 @@ def contract(dag: ForwardDag, blocks: list[list[int]]) -> tuple[ForwardDag, list
     labels = ["+".join(dag.labels[u] for u in sorted(blocks[b])) if len(blocks[b]) == 1
               else f"group{len(blocks[b])}" for b in order]
     constant = [all(dag.constant[u] for u in blocks[b]) for b in order] if dag.constant else []
-    new = ForwardDag(new_preds, sizes, producers, users_out, is_out, weight, labels, constant)
+    random = [any(dag.random[u] for u in blocks[b]) for b in order] if dag.random else []
+    new = ForwardDag(new_preds, sizes, producers, users_out, is_out, weight, labels, constant,
+                     random)
     return new, [tuple(sorted(blocks[b])) for b in order]
 
 
@@ -244,4 +296,5 @@ def induced(dag: ForwardDag, nodes: list[int]) -> ForwardDag:
         preds, sizes, producers, users_out, is_out,
         [dag.weight[u] for u in nodes], [dag.labels[u] for u in nodes],
         [dag.constant[u] for u in nodes] if dag.constant else [],
+        [dag.random[u] for u in nodes] if dag.random else [],
     )

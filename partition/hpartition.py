@@ -39,6 +39,12 @@ One level of the algorithm, on the current graph G (nodes numbered topologically
    the number of unique subgraphs from growing with the number of layers. Groups become the
    nodes of the next level; repeat until the top graph has at most ``max_top`` nodes.
 
+Random nodes (dropout) must first run in the graph's order. Before the first level, an
+ordering edge joins each random node to the next one wherever no path does already
+(:func:`.dag.order_random`); like soft edges, these count for closure, convexity and the
+contraction's order but carry no bytes, so scores ignore them. Every part at every level then
+holds a run of consecutive random nodes, and the parts' order draws them in the graph's order.
+
 When a level finds no candidate at all (e.g. a graph of independent nodes) the level falls back
 to cutting its topological order into intervals of ``max_sub`` nodes: an interval of a
 topological order is always convex, so progress is guaranteed.
@@ -58,7 +64,7 @@ from hiremate.errors import ConfigError
 from hiremate.ir.graph import Graph
 
 from .constants import DEFAULT_FRACTION, prologue
-from .dag import ForwardDag, contract, forward_dag, induced
+from .dag import ForwardDag, contract, forward_dag, induced, order_random
 from .hierarchy import Hierarchy, hierarchy_from_levels
 
 log = logging.getLogger(__name__)
@@ -393,9 +399,13 @@ def hpartition_levels(
     dag: ForwardDag, max_top: int, max_sub: int, alpha: float
 ) -> list[list[tuple[int, ...]]]:
     """All levels: ``levels[k]`` lists the blocks of level ``k + 1`` as tuples of level-``k``
-    node indices, in the topological order of level ``k + 1`` (level 0: the DAG's nodes)."""
+    node indices, in the topological order of level ``k + 1`` (level 0: the DAG's nodes).
+
+    The levels are computed on ``dag`` with its random nodes chained (:func:`.dag.order_random`),
+    so that the parts of every level, in their order, draw random numbers in the graph's order.
+    """
     levels: list[list[tuple[int, ...]]] = []
-    current = dag
+    current = order_random(dag)
     while current.n > max_top:
         groups = greedy_groups(current, max_top, max_sub, alpha)
         if not groups:
@@ -423,7 +433,10 @@ def hoisted_levels(
     graph. The prologue is closed under predecessors, so no path leaves it and comes back, nor
     leaves the rest and comes back: convex sets of either side are convex in ``dag``, and the
     prologue's parts followed by the rest's parts is a topological order at every level.
+    Random nodes are chained first (:func:`.dag.order_random`): a random node is never
+    constant, and with the chain no later random node can be hoisted before an earlier one.
     """
+    dag = order_random(dag)
     pro = prologue(dag, const_fraction) if max_top >= 2 and dag.n > max_top else []
     if not pro or len(pro) == dag.n:
         return hpartition_levels(dag, max_top, max_sub, alpha)

@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 from hiremate.ir.graph import Graph
 from hiremate.partition import HPartition, Hierarchy, forward_dag
 from hiremate.partition.constants import prologue
+from hiremate.partition.dag import order_random
 from hiremate.partition.hierarchy import hierarchy_from_levels
 from hiremate.testing.fuzzgraphs import random_fuzz_graph
 from hiremate.testing.synthetic import DagOp, graph_from_dag, random_graph
+from test_memory_pins import fuzz_graph  # module level: its @given must not nest
 
 
 def fwd_edges(graph: Graph) -> nx.DiGraph:
@@ -239,3 +241,62 @@ def test_gpt2_six_layers_give_a_class_of_six():
     starts = sorted(h.subgraphs[s].fwd_nodes[0] for s in sixes[0].members)
     gaps = {b - a for a, b in zip(starts, starts[1:])}
     assert len(gaps) == 1  # one per layer, at the same offset in each
+
+
+# -- random nodes ------------------------------------------------------------------------------
+def random_in_order(h: Hierarchy, graph: Graph) -> None:
+    """In every subgraph at every level (the top included), its children taken in the
+    hierarchy's order draw random numbers in the graph's order: the random nodes below child
+    ``i`` all come before those below child ``i + 1``. Together over all subgraphs: running the
+    hierarchy's leaves depth first draws them as the model does (the simulator's rule)."""
+    for s in h.subgraphs:
+        drawn = [n for c in s.children for n in h.leaves(c) if graph.nodes[n].random]
+        where = "the top" if s.id == h.root else f"subgraph {s.id} (level {s.level})"
+        assert drawn == sorted(drawn), f"{where} draws random nodes in the order {drawn}"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 100_000), n=st.integers(8, 80), p_random=st.floats(0.05, 0.9),
+       max_top=st.integers(2, 6), max_sub=st.integers(2, 6), hoist=st.booleans())
+def test_parts_draw_random_nodes_in_the_graph_order(seed, n, p_random, max_top, max_sub, hoist):
+    """Property: on fuzz graphs with random ops, H-Partition's parts keep random nodes in the
+    graph's order in every subgraph at every level, and the hierarchy stays deep-valid."""
+    graph = fuzz_graph(seed, n, p_random=p_random)
+    h = HPartition(max_top=max_top, max_sub=max_sub, prologue=hoist).partition(graph)
+    check_deep(h, graph, max_sub, max_top)
+    random_in_order(h, graph)
+
+
+def test_random_order_check_fires_without_the_ordering_edges(monkeypatch):
+    """Without the ordering edges, this fuzz graph's top-level parts hold the random nodes
+    [0, 5], [4, 6], ...: the check fires; with them it passes."""
+    import hiremate.partition.hpartition as hp
+
+    graph = fuzz_graph(107, 25)
+    part = HPartition(max_top=5, max_sub=5)
+    random_in_order(part.partition(graph), graph)
+    monkeypatch.setattr(hp, "order_random", lambda dag: dag)
+    with pytest.raises(AssertionError, match="random nodes in the order"):
+        random_in_order(part.partition(graph), graph)
+
+
+def test_order_random_adds_an_edge_only_where_no_path_is():
+    """Random nodes already chained by data get no edge (the DAG is returned as is); a random
+    node unreachable from the previous one gets one edge from it; the topological numbering
+    holds and every random node then reaches the next."""
+    chain = fuzz_graph(3, 20, chain=True, p_random=0.5)
+    dag, _, _ = forward_dag(chain)
+    assert sum(dag.random) >= 2 and order_random(dag) is dag
+    graph = fuzz_graph(107, 25)
+    dag, _, _ = forward_dag(graph)
+    ordered = order_random(dag)
+    ordered.validate()
+    added = [(p, u) for u in range(dag.n) for p in ordered.preds[u] if p not in dag.preds[u]]
+    assert added and all(dag.random[p] and dag.random[u] for p, u in added)
+    g = nx.DiGraph([(p, u) for u, ps in enumerate(ordered.preds) for p in ps])
+    plain = nx.DiGraph([(p, u) for u, ps in enumerate(dag.preds) for p in ps])
+    plain.add_nodes_from(range(dag.n))
+    rand = [u for u in range(dag.n) if dag.random[u]]
+    assert all(nx.has_path(g, a, b) for a, b in zip(rand, rand[1:]))
+    assert all(not nx.has_path(plain, p, u) for p, u in added)
+    assert ordered.value_users == dag.value_users  # no value crosses an ordering edge
