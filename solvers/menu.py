@@ -71,7 +71,7 @@ def option_from_schedule(graph: Graph, schedule: Schedule, solver: str = "") -> 
 
 
 def budget_grid(graph: Graph, n_peak: int = 4, n_save: int = 3) -> list[tuple[int, int]]:
-    """``n_peak x n_save`` budgets, evenly spaced above the least memory any schedule needs up
+    """``n_peak x n_save`` budgets: peaks evenly spaced above the least memory any schedule needs up
     to what the store-everything schedule uses (peak, and memory held before the loss)."""
     from hiremate.ir.tracker import memory_floor
 
@@ -83,11 +83,12 @@ def budget_grid(graph: Graph, n_peak: int = 4, n_save: int = 3) -> list[tuple[in
     counted = counted_sizes(graph)
     save_lo = sum(counted[d] for d in set(graph.outputs))
     peak_lo = memory_floor(graph)
-    # the lowest corner (the memory floor; nothing kept but the outputs) is left out: a budget
-    # there is almost never feasible, and a MILP takes long to prove it; the composers add
-    # each block's checkpoint option, the least memory a block can do with
+    # the memory floor is left out of the peaks: a budget there is almost never feasible and a
+    # MILP takes long to prove it (the composers add each block's checkpoint option, the least
+    # memory a block can do with); the lowest save stays (options keeping only the outputs
+    # are what lets the level above free a block's values and get them back cheaply)
     peaks = np.unique(np.linspace(peak_lo, peak_hi, max(n_peak, 1) + 1)[1:].round().astype(int))
-    saves = np.unique(np.linspace(save_lo, save_hi, max(n_save, 1) + 1)[1:].round().astype(int))
+    saves = np.unique(np.linspace(save_lo, save_hi, max(n_save, 1)).round().astype(int))
     return [(int(p), int(s)) for p in peaks for s in saves]
 
 
