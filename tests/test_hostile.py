@@ -268,7 +268,8 @@ def test_ilp_timeout_without_incumbent_uses_the_next_solver(monkeypatch, caplog)
     with caplog.at_level(logging.WARNING, logger="hiremate.composer.solve"):
         result = solve_graph(g, 1.0, "hiremate", **{**FAST, "solver_params": params})
     assert result.report["solver"] != "hilp"
-    assert "found no schedule within 0.1s" in result.report["errors"]["flat:hilp"]
+    assert "found no schedule within its limits" in result.report["errors"]["flat:hilp"]
+    assert "time_limit 0.1s" in result.report["errors"]["flat:hilp"]
     assert "flat solver hilp failed (SolverError" in caplog.text
     sim = hiremate.simulate(g, result.schedule)
     assert sim.valid and sim.peak <= result.report["budget"]

@@ -89,6 +89,11 @@ def test_infeasible_budget_on_a_model(tmp_path):
     assert hiremate.simulate(remat.graph, remat.schedule).peak <= low
 
 
+#: Rockmate's two levels: the sequence partitioner's chain of blocks, each flattened
+SEQUENCE = {"partitioner": "sequence", "partitioner_params": {}, "middle": [], "middle_flat": [],
+            "total_options": None}
+
+
 def test_gpt2_hoisted_mask_blocks_solve_and_gradients():
     """GPT-2 (4 layers, float64) on the hierarchical path: its causal mask and position ids are
     hoisted, so the chain is cut at every residual add (13 blocks). rk-Rotor's chain model
@@ -106,7 +111,7 @@ def test_gpt2_hoisted_mask_blocks_solve_and_gradients():
     model, sample = zoo.get("gpt2", layers=4, width=32, dtype=torch.float64)
     graph = hiremate.build_graph(model, sample, cost_model="flops")
     cfg = {"cache": False, "calibrate": 0, "flat_max_nodes": 0, "sample": sample, **FAST,
-           "bottom": ["twremat"], "top": ["rk-rotor"]}
+           "bottom": ["twremat"], "top": ["rk-rotor"], **SEQUENCE}
     remat = HRockmate.from_graph(model, graph, 0.5, **cfg)
     rep = remat.report()
     assert rep["blocks"] == 13 and rep["largest_block"] <= 30 and rep["solver"] == "rk-rotor"

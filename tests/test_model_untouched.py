@@ -23,7 +23,9 @@ FAST = {"progress": False, "n_jobs": 1, "cache": False, "hierarchical_above": 10
 # the conv net at 0.5: blocks and rk-Rotor (a time-limited flat H-ILP finds a schedule that
 # recomputes each node about 15 times, slow to run on a loaded machine); its first schedule
 # measures above the budget, so calibration solves again
-CONV = {**FAST, "flat_max_nodes": 0, "top": ["rk-rotor"]}
+# (Rockmate's two levels: the sequence partitioner's chain of blocks, each flattened)
+CONV = {**FAST, "flat_max_nodes": 0, "top": ["rk-rotor"], "partitioner": "sequence",
+        "partitioner_params": {}, "middle": [], "middle_flat": [], "total_options": None}
 
 
 @pytest.fixture(autouse=True, scope="module")

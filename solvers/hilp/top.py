@@ -237,12 +237,25 @@ class HilpTop:
         budgets = list(budgets)
         top = top_graph(problem, self.checkpoint, option_deps=self.option_deps)
         unit = self.memory_unit(top, max(int(p) for p, _ in budgets))
+        # the MILP's memory bounds the simulated one from above, so near a subgraph's own
+        # floor (one node's peak dominating: a language model's head) a budget the simulator
+        # meets can be infeasible for the MILP; such a budget falls back to the save bound
+        # alone, then to the peak alone, so that options trading save for time still come
+        loose = 2 * max(int(p) for p, _ in budgets)
         options = []
+        tried: set[tuple] = set()
         for peak, save in budgets:
-            sol = self.solve_at(problem, top, int(peak), mem_unit=unit,
-                                save_budget=None if save is None else int(save))
-            if sol.sim is None:
-                log.debug("hilp-top menu: budget (%s, %s): %s", peak, save, sol.status)
+            sol = None
+            for p_try, s_try in ((int(peak), save), (loose, save), (int(peak), None)):
+                key = (p_try, None if s_try is None else int(s_try))
+                if key in tried:
+                    continue
+                tried.add(key)
+                sol = self.solve_at(problem, top, p_try, mem_unit=unit, save_budget=key[1])
+                if sol.sim is not None:
+                    break
+                log.debug("hilp-top menu: budget %s: %s", key, sol.status)
+            if sol is None or sol.sim is None:
                 continue
             if not sol.sim.valid:
                 raise SolverError(f"hilp-top produced an invalid schedule (a bug): "
