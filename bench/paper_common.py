@@ -75,6 +75,22 @@ def make_config(config: str = "hiremate", sets: list[str] | None = None,
     return Config.from_dict(data)
 
 
+def add_common_arguments(parser: Any, set_help: str) -> None:
+    """The options both paper scripts take: cost model, workers, graph cache, LP bound,
+    preset and overrides, JSON output."""
+    parser.add_argument("--cost", choices=("flops", "measure"), default="flops")
+    parser.add_argument("--n-jobs", type=int, default=2, help="menu workers (default 2)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="folder of built graphs (flops graphs only)")
+    parser.add_argument("--lp-max-nodes", type=int, default=300,
+                        help="LP bound on graphs of at most this many compute nodes")
+    parser.add_argument("--lp-time", type=float, default=600.0, help="LP time limit (s)")
+    parser.add_argument("--config", default="hiremate", help="preset name or YAML file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=set_help)
+    parser.add_argument("--json", action="store_true")
+
+
 # -- graphs ---------------------------------------------------------------------------------------
 def graph_of(key: str, make: Callable[[], tuple[torch.nn.Module, Any]], cost: str,
              cache: Path | None = None) -> tuple[Graph, float]:

@@ -46,7 +46,9 @@ from hiremate import zoo
 from hiremate.errors import HiremateError
 from hiremate.zoo.paper import PaperModel
 
-from paper_common import PAPER_TABLE3C, execute, fmt, gap, graph_of, lower_bound, make_config
+from paper_common import (
+    PAPER_TABLE3C, add_common_arguments, execute, fmt, gap, graph_of, lower_bound, make_config,
+)
 
 HEADER = ("model", "compute nodes", "H-Partition d/s/u/l", "paper 3(b)", "path", "solver",
           "solve s", "pred. rel. time", "paper 3(c)", "lower bound", "bound", "gap",
@@ -127,19 +129,9 @@ def main() -> None:
     parser.add_argument("models", nargs="*", help="paper model names (default: all)")
     parser.add_argument("--budget", type=float, default=0.5,
                         help="budget as a fraction of the autodiff peak (default 0.5)")
-    parser.add_argument("--cost", choices=("flops", "measure"), default="flops")
-    parser.add_argument("--n-jobs", type=int, default=2, help="menu workers (default 2)")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="folder of built graphs (flops graphs only)")
-    parser.add_argument("--lp-max-nodes", type=int, default=300,
-                        help="LP bound on graphs of at most this many compute nodes")
-    parser.add_argument("--lp-time", type=float, default=600.0, help="LP time limit (s)")
     parser.add_argument("--execute", action="store_true",
                         help="float64 model, run through the wrapper: peak and gradients")
-    parser.add_argument("--config", default="hiremate", help="preset name or YAML file")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="configuration override (repeatable; dotted keys into mappings)")
-    parser.add_argument("--json", action="store_true")
+    add_common_arguments(parser, "configuration override (repeatable; dotted keys into mappings)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)

@@ -39,17 +39,9 @@ def setting(m: PaperModel) -> str:
 
 def build(m: PaperModel, cache: Path | None) -> tuple[Graph, float]:
     """The setting's graph (flops cost model) and the seconds it took (0 when cached)."""
-    path = cache / f"paper-{m.paper_name}.graph" if cache is not None else None
-    if path is not None and path.exists():
-        return Graph.load(path), 0.0
-    model, sample = zoo.get_paper(m.paper_name)
-    start = time.perf_counter()
-    graph = hiremate.build_graph(model, sample, cost_model="flops")
-    took = time.perf_counter() - start
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        graph.save(path)
-    return graph, took
+    from paper_common import graph_of
+
+    return graph_of(f"paper-{m.paper_name}", lambda: zoo.get_paper(m.paper_name), "flops", cache)
 
 
 def step_ms(m: PaperModel, repeats: int = 3) -> float:

@@ -54,7 +54,7 @@ from hiremate import zoo
 from hiremate.errors import HiremateError
 from hiremate.solvers.hilp.flat import HilpSolver
 
-from paper_common import fmt, graph_of, lower_bound, make_config
+from paper_common import add_common_arguments, fmt, graph_of, lower_bound, make_config
 
 CASES: dict[str, Callable[[], tuple[torch.nn.Module, Any]]] = {
     "transformer-2-2": lambda: zoo.get("transformer", layers=2,
@@ -152,7 +152,6 @@ def main() -> None:
     parser.add_argument("cases", nargs="*", help=f"cases (default: all): {', '.join(CASES)}")
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.6, 0.7, 0.8],
                         help="fractions of the autodiff peak")
-    parser.add_argument("--cost", choices=("flops", "measure"), default="flops")
     parser.add_argument("--flat-time", type=float, default=600.0,
                         help="time limit of the flat H-ILP (s; default 600)")
     parser.add_argument("--hint-hier", action="store_true",
@@ -161,15 +160,7 @@ def main() -> None:
                         help="flat H-ILP: TW-Remat's schedules as the solver takes them")
     parser.add_argument("--keep-flat", action="store_true",
                         help="hierarchical side: keep the preset's flat path")
-    parser.add_argument("--n-jobs", type=int, default=2, help="menu workers (default 2)")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="folder of built graphs (flops graphs only)")
-    parser.add_argument("--lp-max-nodes", type=int, default=300)
-    parser.add_argument("--lp-time", type=float, default=600.0, help="LP time limit (s)")
-    parser.add_argument("--config", default="hiremate", help="preset name or YAML file")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="configuration override of the hierarchical side (repeatable)")
-    parser.add_argument("--json", action="store_true")
+    add_common_arguments(parser, "configuration override of the hierarchical side (repeatable)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
