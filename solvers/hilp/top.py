@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: a schedule that leaves less than this fraction of the budget unused is not solved again at
+#: a higher abstract budget: each retry is a whole MILP, and the last percent of memory buys
+#: fractions of a percent of time
+RETRY_ROOM = 0.02
+
 
 @dataclass
 class TopSolution:
@@ -338,7 +343,7 @@ class HilpTop:
                     warm_from = sol
                 ok = abstract
                 room = budget - sim.peak
-                if room <= 1e-3 * budget:
+                if room <= RETRY_ROOM * budget:
                     break
                 nxt = abstract + room if bad is None else (ok + bad) // 2
             else:
@@ -346,7 +351,7 @@ class HilpTop:
                 over = sim.peak - budget
                 nxt = abstract - over if ok is None else (ok + bad) // 2
             if nxt <= 0 or nxt == abstract or (ok is not None and bad is not None
-                                               and bad - ok <= 1e-3 * budget):
+                                               and bad - ok <= RETRY_ROOM * budget):
                 break
             abstract = int(nxt)
         log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
