@@ -14,7 +14,16 @@ Levels (where a solver may be placed):
 - ``middle``: composers that give each inner subgraph (one with subgraph children) a menu over
   its children's menus, level by level bottom-up (:mod:`hiremate.composer.levels`);
   ``middle_flat``: menu solvers run on each inner subgraph's whole graph as well;
-- ``top``: composers that join the blocks' menus into one schedule (``rk-rotor``: chain of blocks).
+- ``top``: composers that join the blocks' menus into one schedule (``rk-rotor``: chain of blocks);
+- ``sequence_top``: composers run beside the hierarchy over the ``sequence`` partition's blocks
+  (Rockmate's two levels, ``bottom`` menus of ``n_options`` each): a chain of small blocks
+  sometimes suits rk-Rotor better than the hierarchy's few large top-level subgraphs, and costs
+  little; empty (the default) or with ``partitioner: sequence``: not run, nor when a sequence
+  block has more than ``sequence_max_block`` forward nodes (its menus would take minutes);
+- ``polish``: solvers with a ``polish(graph, budget, schedule)`` method (``fastsa``: its
+  annealing started from the schedule) run from the fastest candidate of each of the
+  ``polish_from`` fastest sources (every path's candidates, the pool's too); what they find
+  within the budget is a candidate named ``<source>+<polisher>``.
 
 ``total_options`` is the paper's N_o: the options that the blocks of one problem share, in
 proportion to their forward nodes, ``n_options`` at most each.
@@ -49,7 +58,7 @@ from hiremate.quiet import check_progress
 
 #: Folder of the YAML presets (the repository's ``configs/``).
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-LEVELS = ("flat", "bottom", "middle", "middle_flat", "top")
+LEVELS = ("flat", "bottom", "middle", "middle_flat", "top", "sequence_top", "polish")
 ON_NEW_INPUTS = ("recapture", "raise")
 
 
@@ -66,6 +75,10 @@ class Config:
     top: list[str] = field(default_factory=lambda: ["rk-rotor"])
     middle: list[str] = field(default_factory=list)       # composers for inner subgraphs
     middle_flat: list[str] = field(default_factory=list)  # flat menus of inner subgraphs too
+    sequence_top: list[str] = field(default_factory=list)  # composers over the sequence partition
+    sequence_max_block: int = 20  # ... run when its blocks have at most this many forward nodes
+    polish: list[str] = field(default_factory=list)  # local search from the best candidates
+    polish_from: int = 3         # ... the fastest candidate of this many fastest sources
     flat_max_nodes: int = 250
     hierarchical_above: float = 1.0  # skip the hierarchy when a flat schedule is this fast
     solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -111,7 +124,13 @@ class Config:
                               f"{', '.join(sorted(partitioner_names()))}")
         if not (self.flat or (self.bottom and self.top)):
             raise ConfigError("a configuration needs a flat solver, or bottom and top solvers")
-        for key in ("n_options", "menu_peaks", "menu_saves"):
+        from hiremate.registry import solver_class
+
+        for name in self.polish:
+            if not callable(getattr(solver_class(name), "polish", None)):
+                raise ConfigError(f"solver {name!r} cannot polish a schedule (no polish method); "
+                                  "polish takes e.g. fastsa")
+        for key in ("n_options", "menu_peaks", "menu_saves", "polish_from"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
         if self.total_options is not None and (isinstance(self.total_options, bool) or not
@@ -142,7 +161,8 @@ class Config:
             if hasattr(self, key) and not isinstance(getattr(self, key), typ):
                 raise ConfigError(f"{key} must be a {typ.__name__}, got {getattr(self, key)!r}")
         check_progress(self.progress)
-        for key, typ in (("flat_max_nodes", int), ("hierarchical_above", (int, float))):
+        for key, typ in (("flat_max_nodes", int), ("hierarchical_above", (int, float)),
+                         ("sequence_max_block", int)):
             v = getattr(self, key, 0)
             if isinstance(v, bool) or not isinstance(v, typ) or not v >= 0:
                 raise ConfigError(f"{key} must be a number >= 0, got {v!r}")

@@ -154,16 +154,22 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not settled)
     if hier_used:
         _hierarchical_path(graph, budget, cfg, cache, found, report)
+        if cfg.sequence_top and cfg.partitioner != "sequence":
+            _sequence_path(graph, budget, cfg, cache, found, report)
     else:  # the report describes the partition even when the flat path alone decided
         _partition(graph, cfg, report)
     report["flat_path"] = flat_used
     report["hierarchical_path"] = hier_used
+    pooled = _pooled(pool, budget)
+    fresh = list(found.candidates)
+    found.candidates.extend(pooled)
+    if cfg.polish and found.candidates:
+        polished = _polish(graph, budget, cfg, found, report)
+        fresh += polished
+        found.candidates.extend(polished)
     if pool is not None:
-        pooled = _pooled(pool, budget)
-        report["pool"] = {"recorded": pool.record((c.schedule, c.sim, c.source)
-                                                  for c in found.candidates),
+        report["pool"] = {"recorded": pool.record((c.schedule, c.sim, c.source) for c in fresh),
                           "fitting": len(pooled)}
-        found.candidates.extend(pooled)
     if not found.candidates:
         report["errors"] = found.errors
         _raise_nothing_fits(graph, budget, cfg, found, ad.peak, flat_used, hier_used)
@@ -222,48 +228,112 @@ def _partition(graph: Graph, cfg: Any, report: dict[str, Any]) -> Any:
 
 def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths,
                        report: dict[str, Any]) -> None:
-    """Blocks of the partition's top level, a menu for each unique block, then every top-level
-    composer over the blocks."""
+    """Every level of the partition solved bottom-up, then every top-level composer over the
+    top level's blocks."""
+    hierarchy = _partition(graph, cfg, report)
+    facts = _compose(graph, budget, cfg, cache, found, hierarchy, bool(cfg.middle), cfg.top, "")
+    report.update(facts)
+
+
+def _sequence_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths,
+                   report: dict[str, Any]) -> None:
+    """Rockmate's two levels beside the hierarchy: the ``sequence`` partition's blocks (a chain
+    cut at single boundaries), a ``bottom`` menu for each unique block with ``n_options`` each,
+    and the ``sequence_top`` composers over the chain. On graphs whose hierarchy folds many
+    small layers into a few large subgraphs, the chain DP over fine blocks is often faster
+    to run and finds a better schedule; candidates are named ``sequence:<composer>``."""
+    from hiremate.registry import make_partitioner
+
+    t0 = time.perf_counter()
+    hierarchy = make_partitioner("sequence", {}).partition(graph)
+    largest = max(len(hierarchy.leaves(p)) for p in hierarchy.top)
+    if largest > cfg.sequence_max_block:
+        report["sequence_path"] = {"skipped": f"a block of {largest} forward nodes "
+                                              f"(sequence_max_block {cfg.sequence_max_block})"}
+        return
+    seq_cfg = cfg.replace(total_options=None)
+    facts = _compose(graph, budget, seq_cfg, cache, found, hierarchy, False, cfg.sequence_top,
+                     "sequence:")
+    report["sequence_path"] = {k: facts[k] for k in ("blocks", "unique_blocks", "largest_block")}
+    report["sequence_path"]["seconds"] = round(time.perf_counter() - t0, 3)
+
+
+def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths, hierarchy: Any,
+             recursive: bool, top: list[str], prefix: str) -> dict[str, Any]:
+    """Menus for ``hierarchy``'s units (every level when ``recursive``), then each composer of
+    ``top`` over its top level; candidates go to ``found`` (sources prefixed by ``prefix``).
+    Returns the facts for the report."""
     from hiremate.registry import make_solver
 
     from hiremate.composer.levels import build_units, solve_levels
 
-    units, tail = build_units(graph, _partition(graph, cfg, report), recursive=bool(cfg.middle))
+    units, tail = build_units(graph, hierarchy, recursive=recursive)
     blocks = [u.block for u in units]
     t0 = time.perf_counter()
     facts = solve_levels(units, cfg, cache)
-    report["menu_time"] = time.perf_counter() - t0
-    every = [u for top in units for u in top.walk()]
-    report["blocks"] = len(blocks)
-    report["units"] = len(every)
-    report["unique_units"] = len({u.key for u in every})
-    report["unique_blocks"] = len({b.key for b in blocks})
-    report["largest_block"] = max(len(b.graph.nodes) for b in blocks)
-    report["tail_nodes"] = len(tail)
-    report["levels"] = facts["levels"]
+    every = [u for unit in units for u in unit.walk()]
     leaf = facts["leaf"]
-    report["block_menus"] = [
-        {"nodes": len(b.graph.nodes), "menu": len(b.options),
-         "members": sum(1 for c in blocks if c.key == b.key),
-         **({"solvers": leaf[b.key]["solvers"]} if b.key in leaf else {})}
-        for b in {b.key: b for b in blocks}.values()]
+    report: dict[str, Any] = {
+        "menu_time": time.perf_counter() - t0, "blocks": len(blocks), "units": len(every),
+        "unique_units": len({u.key for u in every}),
+        "unique_blocks": len({b.key for b in blocks}),
+        "largest_block": max(len(b.graph.nodes) for b in blocks),
+        "tail_nodes": len(tail), "levels": facts["levels"],
+        "block_menus": [
+            {"nodes": len(b.graph.nodes), "menu": len(b.options),
+             "members": sum(1 for c in blocks if c.key == b.key),
+             **({"solvers": leaf[b.key]["solvers"]} if b.key in leaf else {})}
+            for b in {b.key: b for b in blocks}.values()]}
     problem = TopProblem(graph, blocks, tail)
-    for name in _progress(cfg, cfg.top, "top level"):
+    for name in _progress(cfg, top, f"{prefix}top level"):
+        label = f"{prefix}{name}"
         composer = make_solver(name, cfg.solver_params.get(name, {}))
         try:
             cands, low = composer.compose(problem, budget)
         except Exception as exc:  # report, and let another path win
-            found.errors[f"top:{name}"] = f"{type(exc).__name__}: {exc}"
-            log.warning("top-level %s failed: %s", name, exc)
+            found.errors[f"top:{label}"] = f"{type(exc).__name__}: {exc}"
+            log.warning("top-level %s failed: %s", label, exc)
             continue
         if low is not None:
-            found.mins[f"top:{name}"] = low
+            found.mins[f"top:{label}"] = low
         for c in cands:
             c.detail["blocks"] = _winners(problem, c)
             c.detail.pop("ops", None)
+            c.source = f"{prefix}{c.source}"
         found.candidates.extend(cands)
         if not cands:
-            found.errors[f"top:{name}"] = "no sequence within the budget"
+            found.errors[f"top:{label}"] = "no sequence within the budget"
+    return report
+
+
+def _polish(graph: Graph, budget: int, cfg: Any, found: _Paths,
+            report: dict[str, Any]) -> list[Candidate]:
+    """Each ``polish`` solver started from the fastest candidate of each of the
+    ``polish_from`` fastest sources: the faster schedules within the budget it finds, named
+    ``<source>+<polisher>`` (a menu-built schedule keeps inefficiencies at its joins that a
+    whole-graph local search removes; see :mod:`hiremate.solvers.fastsa.polish`)."""
+    from hiremate.registry import make_solver
+
+    first: dict[str, Candidate] = {}
+    for c in sorted(found.candidates, key=lambda c: (c.sim.time, c.sim.peak, c.source)):
+        first.setdefault(c.source, c)
+    starts = list(first.values())[:cfg.polish_from]
+    out: list[Candidate] = []
+    facts = []
+    for name in cfg.polish:
+        solver = make_solver(name, cfg.solver_params.get(name, {}))
+        for start in starts:
+            t0 = time.perf_counter()
+            sched = solver.polish(graph, budget, start.schedule)
+            sim = simulate(graph, sched) if sched is not None else None
+            kept = sim is not None and sim.valid and sim.peak <= budget
+            if kept:
+                out.append(Candidate(sched, sim, f"{start.source}+{name}"))
+            facts.append({"from": start.source, "by": name, "seconds": round(
+                time.perf_counter() - t0, 3), "time": start.sim.time,
+                "polished": sim.time if kept else None})
+    report["polish"] = facts
+    return out
 
 
 def _raise_nothing_fits(graph: Graph, budget: int, cfg: Any, found: _Paths, ad_peak: int,

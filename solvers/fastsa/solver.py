@@ -251,7 +251,9 @@ class FastSA:
 
     def __init__(self, seed: int = 0, iters_grouped: int = 200_000, iters_fine: int = 100_000,
                  time_limit: float = 25.0, gap: int = 3, grouping: bool = True,
-                 move_window: int = 64, max_nodes: int = 20_000, accelerate: str = "auto"):
+                 move_window: int = 64, max_nodes: int = 20_000, accelerate: str = "auto",
+                 polish_iters: int = 1_000_000, polish_temps: Iterable[float] = (1e-3, 3e-3, 1e-2),
+                 polish_seeds: int = 2):
         if accelerate not in ("auto", "numba", "python"):
             raise ConfigError(f"FastSA(accelerate={accelerate!r}): use 'auto' (numba when "
                               "installed), 'numba' or 'python'")
@@ -268,6 +270,13 @@ class FastSA:
         self.move_window = move_window
         self.max_nodes = max_nodes
         self.accelerate = accelerate
+        self.polish_iters = int(polish_iters)
+        self.polish_temps = tuple(float(t) for t in polish_temps)
+        self.polish_seeds = int(polish_seeds)
+        if self.polish_iters < 0 or self.polish_seeds < 0 or any(t <= 0 for t in self.polish_temps):
+            raise ConfigError("FastSA: polish_iters and polish_seeds must be >= 0 and "
+                              f"polish_temps positive, got {polish_iters}, {polish_seeds}, "
+                              f"{polish_temps}")
         self.last_stats: list[AnnealStats] = []
 
     def applicable(self, graph: Graph) -> bool:
@@ -558,6 +567,13 @@ class FastSA:
                 min_budget=peak,
             )
         return sequence_to_schedule(graph, seq)
+
+    def polish(self, graph: Graph, budget: int, schedule: Schedule) -> Schedule | None:
+        """A faster schedule within ``budget``, annealed from ``schedule``, or None
+        (:mod:`hiremate.solvers.fastsa.polish`)."""
+        from hiremate.solvers.fastsa.polish import polish
+
+        return polish(self, graph, budget, schedule)
 
     def menu(self, graph: Graph, budgets: Iterable[int]) -> list[Option]:
         """One option per budget that FastSA meets (budgets are whole-subgraph peaks),

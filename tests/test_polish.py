@@ -1,0 +1,108 @@
+"""The polish stage: FastSA's annealing started from another solver's schedule
+(:mod:`hiremate.solvers.fastsa.polish`) and its place in the default preset.
+
+A polished schedule must be valid, within the budget, strictly faster than where it started, the
+same in two runs, keep random nodes' first runs in the graph's order, and run in the executor
+with eager's outputs, gradients and RNG state."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hiremate
+from hiremate.api import solve_graph
+from hiremate.config import load_config
+from hiremate.errors import ConfigError, InfeasibleBudgetError
+from hiremate.ir.schedule import Compute
+from hiremate.ir.sequence import sequence_to_schedule
+from hiremate.registry import make_solver
+from hiremate.testing.synthetic import random_graph
+from test_memory_pins import fuzz_graph  # module level: its @given must not nest
+from test_solvers_random_order import check_runs, graph as dropout_graph
+
+PARAMS = {"polish_iters": 20_000, "time_limit": 60.0}
+
+
+def _start(graph, budget):
+    """A schedule within ``budget`` to polish (TW-Remat's), or None."""
+    try:
+        return make_solver("twremat").schedule(graph, budget)
+    except InfeasibleBudgetError:
+        return None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 100_000), n=st.integers(4, 40), frac=st.sampled_from([0.5, 0.7, 0.9]),
+       p_random=st.sampled_from([0.0, 0.3]))
+def test_polish_is_valid_faster_and_deterministic(seed, n, frac, p_random):
+    graph = fuzz_graph(seed, n, p_random=p_random)
+    ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
+    budget = int(frac * ad.peak)
+    start = _start(graph, budget)
+    if start is None:
+        return
+    before = hiremate.simulate(graph, start)
+    solver = make_solver("fastsa", PARAMS)
+    out = solver.polish(graph, budget, start)
+    again = make_solver("fastsa", PARAMS).polish(graph, budget, start)
+    assert out == again  # seeded and iteration-limited: the same result
+    if out is None:
+        return
+    sim = hiremate.simulate(graph, out)
+    assert sim.valid, sim.error
+    assert sim.peak <= budget
+    assert sim.time < before.time
+
+
+def test_polish_refuses_a_start_over_the_budget():
+    graph = fuzz_graph(7, 20)
+    sched = hiremate.autodiff_schedule(graph)
+    peak = hiremate.simulate(graph, sched).peak
+    assert make_solver("fastsa", PARAMS).polish(graph, peak - 1, sched) is None
+
+
+def _wasteful(graph):
+    """Autodiff's order with every forward node but the loss run a second time before the
+    loss: valid, and slower than it need be at its own peak."""
+    seq = [op.node for op in hiremate.autodiff_schedule(graph) if isinstance(op, Compute)]
+    at = seq.index(graph.loss)
+    again = [n for n in seq[:at] if graph.nodes[n].is_fwd]
+    return sequence_to_schedule(graph, seq[:at] + again + seq[at:])
+
+
+def test_polished_dropout_schedules_run_like_eager():
+    graph = dropout_graph()
+    start = _wasteful(graph)
+    before = hiremate.simulate(graph, start)
+    assert before.valid, before.error
+    for temps in ([1e-3], [1e-2, 1e-1]):  # hot runs move the random nodes' copies around
+        solver = make_solver("fastsa", {**PARAMS, "polish_temps": temps})
+        out = solver.polish(graph, before.peak, start)
+        assert out is not None, "nothing removed from a schedule that computes twice"
+        sim = hiremate.simulate(graph, out)
+        assert sim.peak <= before.peak and sim.time < before.time
+        check_runs(tuple(out), f"polish at {temps}")
+
+
+def test_default_preset_polishes_and_reports():
+    graph = random_graph(11, 30)
+    res = solve_graph(graph, 0.8, "hiremate", cache=False, calibrate=0, n_jobs=1,
+                      progress=False, flat_max_nodes=0)
+    facts = res.report["polish"]
+    assert facts and all(f["by"] == "fastsa" for f in facts)
+    assert len({f["from"] for f in facts}) == len(facts) <= 3
+    for f in facts:
+        assert f["polished"] is None or f["polished"] < f["time"]
+    best = min(c["time"] for c in res.report["candidates"].values())
+    assert res.report["predicted_time"] == best
+
+
+def test_polish_key_is_checked():
+    with pytest.raises(ConfigError, match="polish"):
+        load_config("hiremate", polish=["twremat"])
+    with pytest.raises(ConfigError):
+        load_config("hiremate", polish_from=0)
+    with pytest.raises(ConfigError):
+        make_solver("fastsa", {"polish_temps": [0.0]})
