@@ -22,7 +22,7 @@ from hiremate.testing.synthetic import random_graph
 from test_memory_pins import fuzz_graph  # module level: its @given must not nest
 from test_solvers_random_order import check_runs, graph as dropout_graph
 
-PARAMS = {"polish_iters": 20_000, "time_limit": 60.0}
+PARAMS = {"polish_iters": 20_000, "polish_time_limit": 120.0}
 
 
 def _start(graph, budget):

@@ -11,7 +11,7 @@ Each run starts from the fastest in-budget sequence found so far (the given sche
 at one temperature (a fraction of the starting objective) and seed, and cools by three orders
 of magnitude over ``iters`` mutations with no grouping; runs are tried for every seed and
 temperature in turn. Runs are iteration-limited and seeded, so the result depends on the inputs
-only (the solver's ``time_limit`` is a safety cap, logged when it decides).
+only (``polish_time_limit`` is a safety cap far above the usual run, logged when it decides).
 """
 
 from __future__ import annotations
@@ -46,15 +46,16 @@ def polish(solver: "FastSA", graph: Graph, budget: int, schedule: Schedule
         return None
     table = primitive_table(graph)
     best_time, best_seq = start.time, sequence
-    deadline = time.perf_counter() + solver.time_limit
+    deadline = time.perf_counter() + solver.polish_time_limit
     runs = 0
     trials = [(seed, scale) for seed in range(solver.seed, solver.seed + solver.polish_seeds)
               for scale in solver.polish_temps]
     for seed, scale in trials:
         if time.perf_counter() > deadline:
-            log.warning("FastSA polish stopped by its time_limit (%gs) after %d of %d runs: "
-                        "the result depends on the machine's load; raise time_limit",
-                        solver.time_limit, runs, len(trials))
+            log.warning("FastSA polish stopped by its polish_time_limit (%gs) after %d of %d "
+                        "runs: the result depends on the machine's load; raise "
+                        "polish_time_limit or lower polish_iters", solver.polish_time_limit,
+                        runs, len(trials))
             break
         runs += 1
         state = solver._state(graph, table, best_seq)
