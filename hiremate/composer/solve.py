@@ -47,6 +47,7 @@ from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.ir.blocks import Candidate, TopProblem
 from hiremate.ir.graph import Graph, graph_key
 from hiremate.ir.schedule import Schedule
+from hiremate.ir.sequence import complete_effects
 from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
 from hiremate.units import fmt_bytes
 
@@ -161,12 +162,11 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     report["flat_path"] = flat_used
     report["hierarchical_path"] = hier_used
     pooled = _pooled(pool, budget)
-    fresh = list(found.candidates)
     found.candidates.extend(pooled)
     if cfg.polish and found.candidates:
-        polished = _polish(graph, budget, cfg, found, report)
-        fresh += polished
-        found.candidates.extend(polished)
+        found.candidates.extend(_polish(graph, budget, cfg, found, report))
+    found.candidates = _with_effects(graph, budget, found.candidates)
+    fresh = [c for c in found.candidates if not any(c is p for p in pooled)]
     if pool is not None:
         report["pool"] = {"recorded": pool.record((c.schedule, c.sim, c.source) for c in fresh),
                           "fitting": len(pooled)}
@@ -304,6 +304,23 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths, hie
         if not cands:
             found.errors[f"top:{label}"] = "no sequence within the budget"
     return report
+
+
+def _with_effects(graph: Graph, budget: int, candidates: list[Candidate]) -> list[Candidate]:
+    """Each candidate as the executor will run it (:func:`~hiremate.ir.sequence.
+    complete_effects`: skipped effect-only buffer writes added before the loss), simulated
+    again when that changed it; one that no longer fits the budget is dropped."""
+    out = []
+    for c in candidates:
+        sched = complete_effects(graph, c.schedule)
+        if sched is not c.schedule:
+            sim = simulate(graph, sched)
+            if not (sim.valid and sim.peak <= budget):
+                log.info("%s: over the budget once its buffer writes run; dropped", c.source)
+                continue
+            c = Candidate(sched, sim, c.source, c.detail)
+        out.append(c)
+    return out
 
 
 def _polish(graph: Graph, budget: int, cfg: Any, found: _Paths,

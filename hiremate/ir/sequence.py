@@ -55,3 +55,24 @@ def sequence_to_schedule(graph: Graph, sequence: Sequence[int]) -> Schedule:
         steps.append(Compute(nid))
         steps.extend(Delete(d) for d in sorted(set(frees_after[i])))
     return tuple(steps)
+
+
+def complete_effects(graph: Graph, schedule: Schedule) -> Schedule:
+    """``schedule`` with the buffer writes it never computes, and whose only effect is to write
+    a buffer (:func:`~hiremate.ir.tracker.is_effect_only`, such as BatchNorm's
+    ``num_batches_tracked += 1``), run just before the loss node: every call then updates
+    every buffer once, as eager PyTorch does. The executor runs this schedule, so the composer
+    ranks and reports candidates by it too (their time includes these nodes, as autodiff's
+    does). Other skipped buffer writes are left for the simulator to refuse; the same object
+    comes back when nothing is missing."""
+    from hiremate.ir.tracker import is_effect_only
+
+    steps = tuple(schedule)
+    computed = {s.node for s in steps if isinstance(s, Compute)}
+    missing = [n for n in graph.nodes if n.is_fwd and n.mutates and n.id not in computed
+               and is_effect_only(graph, n)]
+    loss_at = next((i for i, s in enumerate(steps)
+                    if isinstance(s, Compute) and s.node == graph.loss), None)
+    if not missing or loss_at is None:
+        return schedule
+    return steps[:loss_at] + tuple(Compute(n.id) for n in missing) + steps[loss_at:]

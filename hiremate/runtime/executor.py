@@ -33,7 +33,7 @@ from hiremate.errors import (
     InvalidGraphError,
     ModifiedInPlaceError,
 )
-from hiremate.runtime.codegen import Program, generate, generate_inference, split_schedule
+from hiremate.runtime.codegen import Program, generate, generate_inference
 from hiremate.runtime.io import InputChecker, derive_output_spec
 from hiremate.runtime.rng import CallState
 from hiremate.runtime.grad_reach import tangents_reaching
@@ -41,7 +41,7 @@ from hiremate.ir.graph import Graph
 from hiremate.graphbuilder.encode import decode_arg
 from hiremate.ir.schedule import Compute, Schedule
 from hiremate.ir.simulator import SimulationResult, simulate
-from hiremate.ir.tracker import is_effect_only
+from hiremate.ir.sequence import complete_effects
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class RematModule(torch.nn.Module):
             raise ConfigError(f"max_others must be None or an integer >= 1, got {max_others!r}")
         self.model = model
         self._graph = graph
-        self._schedule = _complete(graph, tuple(schedule))
+        self._schedule = tuple(complete_effects(graph, tuple(schedule)))
         # the simulator's validity rules include what the generated code needs (random nodes
         # first computed in the graph's order, every buffer write computed)
         self._predicted = simulate(graph, self._schedule).raise_if_invalid()
@@ -359,22 +359,6 @@ def _normalise(sample: Any) -> tuple[tuple, dict]:
     from hiremate.graphbuilder.capture import normalise_sample
 
     return normalise_sample(sample)
-
-
-def _complete(graph: Graph, schedule: Schedule) -> Schedule:
-    """Buffer writes that the schedule never computes and whose only effect is to write a
-    buffer (:func:`~hiremate.ir.tracker.is_effect_only`, such as BatchNorm's
-    ``num_batches_tracked += 1``) run just before the loss node, so that every call updates
-    every buffer once, as eager PyTorch does. Other skipped buffer writes are left for the
-    simulator to refuse."""
-    computed = {s.node for s in schedule if isinstance(s, Compute)}
-    missing = [n for n in graph.nodes if n.is_fwd and n.mutates and n.id not in computed
-               and is_effect_only(graph, n)]
-    if not missing:
-        return schedule
-    cut = split_schedule(graph, schedule) - 1
-    log.debug("added %d buffer-writing nodes the schedule skipped", len(missing))
-    return schedule[:cut] + tuple(Compute(n.id) for n in missing) + schedule[cut:]
 
 
 __all__ = ["BackwardTwiceError", "DoubleBackwardError", "RematModule"]
