@@ -33,7 +33,8 @@ def test_make_config_merges_defaults_then_overrides_into_the_preset():
                                                 "calibrate=1"], cache=False, calibrate=0)
     preset = hiremate.load_config("hiremate")
     assert cfg.cache is False and cfg.calibrate == 1
-    assert cfg.solver_params["hilp-top"] == {"time_limit": 5}
+    # dotted keys merge into the preset's mapping (its other hilp-top keys stay)
+    assert cfg.solver_params["hilp-top"] == {**preset.solver_params["hilp-top"], "time_limit": 5}
     # the other solvers' parameters are the preset's
     assert cfg.solver_params["hilp"] == preset.solver_params["hilp"]
     with pytest.raises(ConfigError):
