@@ -91,7 +91,7 @@ def test_infeasible_budget_on_a_model(tmp_path):
 
 #: Rockmate's two levels: the sequence partitioner's chain of blocks, each flattened
 SEQUENCE = {"partitioner": "sequence", "partitioner_params": {}, "middle": [], "middle_flat": [],
-            "total_options": None}
+            "total_options": None, "polish": [], "sequence_top": []}
 
 
 def test_gpt2_hoisted_mask_blocks_solve_and_gradients():

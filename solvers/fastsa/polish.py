@@ -19,32 +19,28 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from hiremate.ir.graph import Graph
 from hiremate.ir.schedule import Compute, Schedule
 from hiremate.ir.sequence import sequence_to_schedule
 from hiremate.ir.simulator import simulate
 
-if TYPE_CHECKING:
-    from hiremate.solvers.fastsa.solver import FastSA
-
 log = logging.getLogger(__name__)
 
 
-def polish(solver: "FastSA", graph: Graph, budget: int, schedule: Schedule
+def polish(solver: Any, graph: Graph, budget: int, schedule: Schedule, table: Any
            ) -> Schedule | None:
     """A schedule of ``graph`` within ``budget`` faster than ``schedule`` (simulated), or None
-    when the annealing found none (or ``schedule`` itself is invalid or over the budget)."""
-    from hiremate.solvers.fastsa.solver import primitive_table
-
+    when the annealing found none (or ``schedule`` itself is invalid or over the budget).
+    ``solver``: the :class:`~hiremate.solvers.fastsa.solver.FastSA` whose annealing and
+    settings run; ``table``: its table of the graph's own nodes (no grouping)."""
     sequence = [op.node for op in schedule if isinstance(op, Compute)]
     if any(op.option is not None for op in schedule if isinstance(op, Compute)):
         return None  # a schedule of blocks, not of the graph's own nodes
     start = simulate(graph, sequence_to_schedule(graph, sequence))
     if not start.valid or start.peak > budget:
         return None
-    table = primitive_table(graph)
     best_time, best_seq = start.time, sequence
     deadline = time.perf_counter() + solver.polish_time_limit
     runs = 0

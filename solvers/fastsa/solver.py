@@ -574,7 +574,7 @@ class FastSA:
         (:mod:`hiremate.solvers.fastsa.polish`)."""
         from hiremate.solvers.fastsa.polish import polish
 
-        return polish(self, graph, budget, schedule)
+        return polish(self, graph, budget, schedule, primitive_table(graph))
 
     def menu(self, graph: Graph, budgets: Iterable[int]) -> list[Option]:
         """One option per budget that FastSA meets (budgets are whole-subgraph peaks),
