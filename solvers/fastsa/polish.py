@@ -9,7 +9,8 @@ cannot reach the structured schedules that the MILPs find.
 
 Each run starts from the fastest in-budget sequence found so far (the given schedule at first),
 at one temperature (a fraction of the starting objective) and seed, and cools by three orders
-of magnitude over ``iters`` mutations with no grouping; runs are tried for every seed and
+of magnitude over ``polish_iters_per_node`` mutations per compute node (``polish_iters`` at
+most) with no grouping; runs are tried for every seed and
 temperature in turn. Runs are iteration-limited and seeded, so the result depends on the inputs
 only (``polish_time_limit`` is a safety cap far above the usual run, logged when it decides).
 """
@@ -42,6 +43,8 @@ def polish(solver: Any, graph: Graph, budget: int, schedule: Schedule, table: An
     if not start.valid or start.peak > budget:
         return None
     best_time, best_seq = start.time, sequence
+    # mutations per run: in proportion to the graph (a small one settles sooner), capped
+    iters = min(solver.polish_iters, solver.polish_iters_per_node * len(graph.nodes))
     deadline = time.perf_counter() + solver.polish_time_limit
     runs = 0
     trials = [(seed, scale) for seed in range(solver.seed, solver.seed + solver.polish_seeds)
@@ -58,7 +61,7 @@ def polish(solver: Any, graph: Graph, budget: int, schedule: Schedule, table: An
         temp = scale * max(budget, state.peak) * state.cost
         if temp <= 0:
             continue
-        stats = solver.anneal(state, budget, solver.polish_iters, temp, 1e-3 * temp,
+        stats = solver.anneal(state, budget, iters, temp, 1e-3 * temp,
                               random.Random(seed), False, deadline)
         for seq in (state.order(), stats.best):
             if seq is None:

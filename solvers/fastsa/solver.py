@@ -253,7 +253,8 @@ class FastSA:
                  time_limit: float = 25.0, gap: int = 3, grouping: bool = True,
                  move_window: int = 64, max_nodes: int = 20_000, accelerate: str = "auto",
                  polish_iters: int = 1_000_000, polish_temps: Iterable[float] = (1e-3, 3e-3, 1e-2),
-                 polish_seeds: int = 2, polish_time_limit: float = 600.0):
+                 polish_seeds: int = 2, polish_time_limit: float = 600.0,
+                 polish_iters_per_node: int = 5000):
         if accelerate not in ("auto", "numba", "python"):
             raise ConfigError(f"FastSA(accelerate={accelerate!r}): use 'auto' (numba when "
                               "installed), 'numba' or 'python'")
@@ -274,8 +275,11 @@ class FastSA:
         self.polish_temps = tuple(float(t) for t in polish_temps)
         self.polish_seeds = int(polish_seeds)
         self.polish_time_limit = float(polish_time_limit)
-        if self.polish_iters < 0 or self.polish_seeds < 0 or any(t <= 0 for t in self.polish_temps):
-            raise ConfigError("FastSA: polish_iters and polish_seeds must be >= 0 and "
+        self.polish_iters_per_node = int(polish_iters_per_node)
+        if (min(self.polish_iters, self.polish_seeds, self.polish_iters_per_node) < 0
+                or any(t <= 0 for t in self.polish_temps)):
+            raise ConfigError("FastSA: polish_iters, polish_iters_per_node and polish_seeds must "
+                              "be >= 0 and "
                               f"polish_temps positive, got {polish_iters}, {polish_seeds}, "
                               f"{polish_temps}")
         self.last_stats: list[AnnealStats] = []
