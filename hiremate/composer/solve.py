@@ -18,6 +18,13 @@ What runs:
    nodes with options and phantoms, any dependency shape between blocks); every composer's
    candidates are simulated and the fastest valid one within the budget wins.
 
+3. **Sequence path** (``sequence_top``): Rockmate's chain of ``sequence`` blocks with the
+   ``sequence_top`` composers, beside the hierarchy, when the blocks are small.
+4. **Polish** (``polish``): each polishing solver (FastSA's annealing) starts from the fastest
+   candidate of each of the ``polish_from`` fastest sources; a candidate is then completed
+   with the buffer writes the executor adds (:func:`hiremate.ir.sequence.complete_effects`)
+   before it is ranked.
+
 Translating back: a block operation becomes the compute steps of its option's forward or
 backward part (renamed to full-graph ids); the whole compute sequence gets its frees from
 :func:`hiremate.ir.sequence.sequence_to_schedule` (each value freed after its last
