@@ -78,7 +78,8 @@ def make_config(config: str = "hiremate", sets: list[str] | None = None,
 def add_common_arguments(parser: Any, set_help: str) -> None:
     """The options both paper scripts take: cost model, workers, graph cache, LP bound,
     preset and overrides, JSON output."""
-    parser.add_argument("--cost", choices=("flops", "measure"), default="flops")
+    parser.add_argument("--cost", choices=("flops", "measure", "measured", "roofline", "auto"),
+                        default="flops")
     parser.add_argument("--n-jobs", type=int, default=2, help="menu workers (default 2)")
     parser.add_argument("--cache", type=Path, default=None,
                         help="folder of built graphs (flops graphs only)")

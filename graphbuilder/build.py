@@ -13,35 +13,38 @@ from hiremate.errors import ConfigError
 from hiremate.ir.graph import Graph
 from hiremate.graphbuilder.assemble import assemble
 from hiremate.graphbuilder.capture import capture, normalise_sample
-from hiremate.graphbuilder.costs import COST_MODELS, op_costs
+from hiremate.graphbuilder.costs import check_cost_model, op_costs, resolve_cost_model
 from hiremate.graphbuilder.grouping import group_joint
 from hiremate.graphbuilder.guards import guard_to_dict
 
 log = logging.getLogger(__name__)
 
 
-def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "measure",
-                repeats: int = 5) -> Graph:
+def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
+                repeats: int = 7, cache_dir: str | None = None) -> Graph:
     """Capture ``model`` on ``sample`` (a tensor, a tuple of positional arguments or a dict of
     keyword arguments) as a CD-graph with measured times and memory sizes.
 
-    ``cost_model="measure"`` times every unique op signature on the model's device (median of
-    ``repeats``); ``"flops"`` estimates times analytically, without running the model.
+    ``cost_model`` decides the node times (:mod:`hiremate.graphbuilder.costs`): ``"auto"``
+    (``measured`` on a GPU, the machine's fitted ``roofline`` on the CPU), ``"measured"`` (each
+    unique op timed over ``repeats`` interleaved rounds), ``"flops"`` (fixed constants, the same
+    on every machine) or ``"roofline"``. Temporary memory is measured in one run under all of
+    them. ``cache_dir`` keeps the roofline fit (default ``$HIREMATE_CACHE``).
     """
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"build_graph expects an nn.Module, got {type(model).__name__}")
-    if cost_model not in COST_MODELS:
-        raise ConfigError(f"unknown cost_model {cost_model!r}; choose one of {COST_MODELS}")
+    check_cost_model(cost_model)
     _check_devices(model, sample)
     start = time.perf_counter()
     cap = capture(model, sample)
     t_capture = time.perf_counter() - start
     grouping = group_joint(cap)
-    costs = op_costs(cap.gm, _real_inputs(model, sample, cap), cost_model, repeats)
+    costs = op_costs(cap.gm, _real_inputs(model, sample, cap), cost_model, repeats,
+                     cache_dir=cache_dir)
     meta = {
         "model": type(model).__name__,
         "capture_path": cap.path,
-        "cost_model": cost_model,
+        "cost_model": resolve_cost_model(cost_model, _device(model, sample)),
         "device": str(_device(model, sample)),
         "param_names": cap.param_names,
         "frozen_names": cap.frozen_names,

@@ -128,7 +128,7 @@ class HRockmate(ModelWrapper):
         if graph is None:
             from hiremate import build_graph
 
-            graph = build_graph(model, sample)
+            graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir)
         target = resolve_budget(budget, graph)
         result = solve_graph(graph, target, cfg)
         built = _Built(graph, tuple(result.schedule), dict(result.report),

@@ -67,7 +67,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from hiremate.api import HRockmate
 
     budget = getattr(args, "budget", 0.5)
-    model, sample, graph, seconds = _build(args.model, None, None, None, "measure")
+    model, sample, graph, seconds = _build(args.model, None, None, None, "auto")
     print(f"hiremate demo on the zoo's {args.model!r} ({graph!r}), built in {seconds:.2f} s")
     for key, value in graph_summary(graph).items():
         print(f"  {key:38s} {value}")
@@ -108,7 +108,9 @@ def make_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--layers", type=int)
     inspect.add_argument("--width", type=int)
     inspect.add_argument("--batch", type=int)
-    inspect.add_argument("--cost-model", default="flops", choices=("flops", "measure"))
+    inspect.add_argument("--cost-model", default="flops",
+                         choices=("auto", "measured", "flops", "roofline"),
+                         help="node times (default flops: the same on every machine)")
     inspect.add_argument("--partition", action="store_true", help="also print the hierarchy")
     inspect.add_argument("--partitioner", default="hpartition")
     inspect.add_argument("--draw", metavar="PNG", help="with --partition: write a picture")

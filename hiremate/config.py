@@ -92,6 +92,8 @@ class Config:
     cache_dir: str | None = None  # default: $HIREMATE_CACHE or ~/.cache/hiremate
     progress: bool | str = "auto"  # bars: True, False, or "auto" (only when stderr is a terminal)
     calibrate: int = 2           # re-solves when the measured peak exceeds the budget (0: off)
+    cost_model: str = "auto"     # node times: auto (measured on GPU, roofline on CPU), measured,
+                                 # flops, roofline (hiremate.graphbuilder.costs)
     reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.composer.pool)
     on_new_inputs: str = "recapture"  # other input shapes: "recapture" (solve again) or "raise"
     max_shapes: int = 4          # variants for other input shapes kept (least recently used out)
@@ -139,6 +141,9 @@ class Config:
             raise ConfigError("total_options (N_o, the options shared by the blocks of one "
                               f"problem) must be a positive integer or null, got "
                               f"{self.total_options!r}")
+        from hiremate.graphbuilder.costs import check_cost_model
+
+        self.cost_model = check_cost_model(self.cost_model)
         if not isinstance(self.calibrate, int) or self.calibrate < 0:
             raise ConfigError(f"calibrate must be an integer >= 0, got {self.calibrate!r}")
         if self.on_new_inputs not in ON_NEW_INPUTS:

@@ -123,8 +123,8 @@ def test_measured_costs_are_positive_and_model_unchanged():
     torch.manual_seed(0)
     model, x = Block(), torch.randn(16, 8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    g = hiremate.build_graph(model, x, repeats=2)
-    assert g.meta["cost_model"] == "measure"
+    g = hiremate.build_graph(model, x, cost_model="measured", repeats=2)
+    assert g.meta["cost_model"] == "measured"
     assert all(n.time > 0 for n in g.nodes if not n.is_loss and n.ops)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), f"building the graph changed {k}"

@@ -32,6 +32,7 @@ from typing import Any, Callable
 from hiremate.errors import CacheWarning, FormatError
 from hiremate.ir.option import Option, option_from_dict, option_to_dict
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
+from hiremate.paths import default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,6 @@ FORMAT = "hiremate-cache"
 _LEGACY_VERSION = 2
 
 
-def default_cache_dir() -> Path:
-    env = os.environ.get("HIREMATE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "hiremate"
 
 
 class MenuCache:

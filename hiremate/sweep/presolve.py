@@ -76,7 +76,10 @@ def _capture(cell: Any, spec: SweepSpec, path: Path) -> Graph:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model, sample = cell.model.build(spec.torch_dtype())
-        graph = build_graph(model.to(device), _to_device(sample, device))
+        overrides = spec.hiremate_overrides
+        graph = build_graph(model.to(device), _to_device(sample, device),
+                            cost_model=overrides.get("cost_model", "auto"),
+                            cache_dir=overrides.get("cache_dir"))
     path.parent.mkdir(parents=True, exist_ok=True)
     graph.save(path)
     return graph

@@ -1,0 +1,258 @@
+"""The ``roofline`` cost model: op times from FLOPs and bytes, with coefficients fitted on
+this machine once and cached.
+
+An op of class ``c`` (:data:`~hiremate.graphbuilder.costs.analytic.OP_CLASSES`) is predicted
+to take ``per_op[c] + per_flop[c] * FLOPs + per_byte[c] * bytes``. The coefficients come from a
+short calibration: a fixed set of small programs (matrix products, convolutions with their
+backward, elementwise and normalisation ops, at several sizes) traced to ATen ops and timed
+the way the ``measured`` model times ops (interleaved rounds, the minimum), then fitted by
+non-negative least squares on relative error. The fit is stored under the cache directory,
+keyed by what decides it (CPU model or GPU name, thread count, torch version, dtype), so every
+later build on this machine uses the same numbers: two builds of one model give identical
+times, however busy the machine is when they run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from hiremate.errors import FormatError
+from hiremate.graphbuilder.costs.analytic import (FIXED_MACHINE, OP_CLASSES, bytes_moved,
+                                                  flops_of, op_class)
+from hiremate.graphbuilder.costs.timing import time_in_place
+
+log = logging.getLogger(__name__)
+
+FORMAT = 3
+#: interleaved timing rounds of the calibration programs
+CALIBRATION_ROUNDS = 7
+
+
+@dataclass(frozen=True)
+class RooflineFit:
+    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved)."""
+
+    coefficients: dict[str, tuple[float, float, float]]
+    fingerprint: dict[str, Any]
+
+    def time(self, node: torch.fx.Node, flops: float | None = None) -> float:
+        kind = op_class(node)
+        if kind is None:
+            return 0.0
+        per_op, per_flop, per_byte = self.coefficients[kind]
+        count = flops_of(node) if flops is None else flops
+        return per_op + per_flop * count + per_byte * bytes_moved(node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "fingerprint": self.fingerprint,
+                "coefficients": {k: list(v) for k, v in self.coefficients.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RooflineFit":
+        if data.get("format") != FORMAT or set(data["coefficients"]) != set(OP_CLASSES):
+            raise FormatError("not a roofline fit of this format")
+        coefficients = {k: tuple(float(x) for x in v) for k, v in data["coefficients"].items()}
+        if any(len(v) != 3 or min(v) < 0 for v in coefficients.values()):
+            raise FormatError("malformed roofline coefficients")
+        return cls(coefficients, dict(data["fingerprint"]))
+
+
+def machine_fingerprint(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """What a fit depends on: the processor (or GPU), the threads torch uses, torch, dtype."""
+    if device.type == "cuda":
+        processor = torch.cuda.get_device_name(device)
+    else:
+        processor = _cpu_model() or platform.processor() or platform.machine()
+    return {"device": device.type, "processor": processor, "machine": platform.machine(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "dtype": str(dtype)}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def fit_path(cache_dir: Path, fingerprint: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir / "roofline" / f"{digest}.json"
+
+
+def load_or_fit(device: torch.device, dtype: torch.dtype, cache_dir: Path) -> RooflineFit:
+    """This machine's fit for ``dtype`` on ``device``: from the cache, else calibrated now
+    (a few seconds) and stored there."""
+    fingerprint = machine_fingerprint(device, dtype)
+    path = fit_path(cache_dir, fingerprint)
+    try:
+        fit = RooflineFit.from_dict(json.loads(path.read_text()))
+        if fit.fingerprint == fingerprint:
+            return fit
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    start = time.perf_counter()
+    fit = calibrate(device, dtype)
+    log.info("fitted the roofline cost model for %s in %.1fs: %s", fingerprint["processor"],
+             time.perf_counter() - start, fit.coefficients)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(fit.to_dict(), indent=1))
+        tmp.replace(path)  # atomic: concurrent builds never read half a file
+    except OSError as exc:
+        log.warning("could not store the roofline fit at %s (%s); the next build fits again",
+                    path, exc)
+    return fit
+
+
+# -- calibration ------------------------------------------------------------------------------
+def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]]]]:
+    """Small programs (a function and the shapes of its arguments, all differentiated) whose
+    ATen ops span the classes and sizes of the models we schedule."""
+    def linear_step(x, w, b):
+        y = F.linear(x, w, b)
+        return torch.autograd.grad(F.gelu(y).sum(), (x, w, b))
+
+    def batched(a, b):
+        return torch.autograd.grad(torch.bmm(a, b).softmax(-1).sum(), (a, b))
+
+    def conv_step(x, w):
+        y = _conv(x, w)
+        return torch.autograd.grad(torch.relu(y).sum(), (x, w))
+
+    def norm_step(x, w, b):
+        y = F.layer_norm(x, x.shape[-1:], w, b)
+        return torch.autograd.grad((y * x).tanh().sum(), (x, w, b))
+
+    def batch_norm_step(x, w, b):
+        y = F.batch_norm(x, None, None, w, b, training=True)
+        z = F.max_pool2d(torch.relu(y), 2)
+        return torch.autograd.grad(F.interpolate(z, scale_factor=2.0).sum(), (x, w, b))
+
+    def mlp_stack(x, w1, w2, g, b):  # residual blocks with layer norm, as in transformers
+        for _ in range(3):
+            h = F.layer_norm(x, x.shape[-1:], g, b)
+            x = x + F.linear(F.gelu(F.linear(h, w1)), w2)
+        return torch.autograd.grad(x.square().mean(), (x, w1, w2, g, b))
+
+    def conv_stack(x, w1, w2, g, b):  # residual conv blocks with batch norm, as in ResNets
+        for _ in range(3):
+            h = torch.relu(F.batch_norm(_conv(x, w1), None, None, g, b, training=True))
+            x = x + F.batch_norm(_conv(h, w2), None, None, g, b, training=True)
+        return torch.autograd.grad(torch.relu(x).mean(), (x, w1, w2, g, b))
+
+    def attention(x, wq, wk, wv):
+        batch, tokens, width = x.shape
+        q, k, v = (F.linear(x, w).view(batch, tokens, 4, -1).transpose(1, 2)
+                   for w in (wq, wk, wv))
+        scores = (q @ k.transpose(-1, -2) / (width // 4) ** 0.5).softmax(-1)
+        out = (scores @ v).transpose(1, 2).reshape(batch, tokens, width)
+        return torch.autograd.grad(out.square().mean(), (x, wq, wk, wv))
+
+    programs: list[tuple[Callable[..., Any], list[tuple[int, ...]]]] = []
+    for rows, width in ((64, 64), (256, 128), (512, 256)):
+        programs.append((mlp_stack, [(rows, width), (4 * width, width), (width, 4 * width),
+                                     (width,), (width,)]))
+    for n, c, hw in ((2, 8, 32), (4, 16, 16), (2, 32, 16)):
+        programs.append((conv_stack, [(n, c, hw, hw), (c, c, 3, 3), (c, c, 3, 3), (c,), (c,)]))
+    for batch, tokens, width in ((2, 64, 64), (4, 128, 128)):
+        programs.append((attention, [(batch, tokens, width)] + [(width, width)] * 3))
+    for m, k, n in ((32, 32, 32), (64, 256, 64), (128, 128, 128), (256, 512, 256),
+                    (512, 512, 512), (1024, 256, 1024), (2048, 128, 512)):
+        programs.append((linear_step, [(m, k), (n, k), (n,)]))
+    for b, m, k, n in ((16, 128, 64, 128), (8, 256, 32, 256), (32, 64, 64, 64)):
+        programs.append((batched, [(b, m, k), (b, k, n)]))
+    for x, w in (((4, 3, 32, 32), (16, 3, 3, 3)), ((4, 16, 32, 32), (32, 16, 3, 3)),
+                 ((4, 32, 16, 16), (64, 32, 3, 3)), ((2, 64, 16, 16), (64, 64, 1, 1)),
+                 ((8, 8, 64, 64), (8, 8, 3, 3)), ((2, 128, 8, 8), (128, 128, 3, 3)),
+                 ((4, 32, 256), (32, 32, 1)), ((2, 8, 8, 16, 16), (8, 8, 1, 1, 1))):
+        programs.append((conv_step, [x, w]))
+    for rows, cols in ((16, 64), (64, 256), (256, 512), (1024, 1024), (512, 4096)):
+        programs.append((norm_step, [(rows, cols), (cols,), (cols,)]))
+    for n, c, hw in ((2, 8, 16), (4, 16, 32), (8, 32, 32), (4, 64, 64)):
+        programs.append((batch_norm_step, [(n, c, hw, hw), (c,), (c,)]))
+    return programs
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    padding = w.shape[-1] // 2
+    return {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()](x, w, padding=padding)
+
+
+def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
+    """Time the calibration programs' ops on ``device`` in ``dtype`` and fit every class."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    samples: dict[str, list[tuple[float, float, float]]] = {k: [] for k in OP_CLASSES}
+    nodes_all: list[torch.fx.Node] = []
+    programs = []
+    with torch.random.fork_rng(devices=[]):
+        for index, (fn, shapes) in enumerate(_programs()):
+            inputs = [torch.randn(s, generator=gen, dtype=dtype).to(device).requires_grad_()
+                      for s in shapes]
+            gm = make_fx(fn)(*inputs)
+            for node in gm.graph.nodes:  # names unique across the programs
+                node.name = f"p{index}_{node.name}"
+            plain = [t.detach() for t in inputs]
+            programs.append((gm, plain))
+    times: dict[str, float] = {}
+    for _ in range(CALIBRATION_ROUNDS):  # rounds interleaved over the programs (load bursts)
+        for gm, plain in programs:
+            for name, t in time_in_place(gm, plain, 1, device).items():
+                times[name] = min(times.get(name, float("inf")), t)
+    for gm, _ in programs:
+        nodes_all += [n for n in gm.graph.nodes
+                      if n.op == "call_function" and op_class(n) is not None]
+    for node in nodes_all:
+        samples[op_class(node)].append((flops_of(node), bytes_moved(node), times[node.name]))
+    rate, bandwidth, per_op = FIXED_MACHINE["cuda" if device.type == "cuda" else "cpu"]
+    coefficients = {}
+    for kind, rows in samples.items():
+        free = (0,) if kind == "view" else (0, 1, 2)  # a view's time is its dispatch alone
+        coefficients[kind] = (_nnls_relative(rows, free) if len(rows) >= len(free)
+                              else (per_op, 1.0 / rate, 1.0 / bandwidth))
+    return RooflineFit(coefficients, machine_fingerprint(device, dtype))
+
+
+def _nnls_relative(rows: list[tuple[float, float, float]], free: tuple[int, ...] = (0, 1, 2)
+                   ) -> tuple[float, float, float]:
+    """Non-negative ``(per_op, per_flop, per_byte)`` minimising the squared *relative* error
+    of ``per_op + per_flop * flops + per_byte * bytes`` against the measured times: exact, by
+    trying every subset of the ``free`` coefficients (the others stay 0)."""
+    features = torch.tensor([[1.0, f, b] for f, b, _ in rows], dtype=torch.float64)
+    target = torch.tensor([t for _, _, t in rows], dtype=torch.float64).clamp_min(1e-9)
+    weighted = features / target[:, None]
+    scale = weighted.abs().amax(0).clamp_min(1e-30)  # columns of comparable size
+    design = weighted / scale
+    ones = torch.ones_like(target)
+    best, best_err = (0.0, 0.0, 0.0), float("inf")
+    for size in range(1, len(free) + 1):
+        for subset in itertools.combinations(free, size):
+            cols = list(subset)
+            sol = torch.linalg.lstsq(design[:, cols], ones[:, None]).solution[:, 0]
+            if (sol < 0).any():
+                continue
+            coef = torch.zeros(3, dtype=torch.float64)
+            coef[cols] = sol
+            err = float(((design @ coef) - ones).square().sum())
+            if err < best_err:
+                best_err = err
+                best = tuple(float(c) for c in coef / scale)
+    return best

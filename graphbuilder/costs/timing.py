@@ -1,0 +1,208 @@
+"""Measured op times that hold still when the machine is busy.
+
+Every unique op signature (op, shapes, dtypes, strides, constants) is timed, and the nodes that
+share a signature share its time. The timing is *interleaved*: a round times each signature once
+(the fastest of a few back-to-back calls), and the time kept is the minimum over the rounds. A
+burst of load from another process then spoils one round of some signatures, not all samples of
+one, and the minimum (the run the scheduler left alone) is what the op costs on a quiet machine.
+On a GPU the samples are CUDA events around the call.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import operator
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from hiremate.graphbuilder.costs.memory import node_args
+from hiremate.graphbuilder.opinfo import op_kind
+
+log = logging.getLogger(__name__)
+
+#: back-to-back calls per sample: enough for about a millisecond, between these bounds
+_INNER_BOUNDS = (2, 5)
+
+
+def signature(node: torch.fx.Node, env: dict[str, Any]) -> str:
+    """What decides an op's time: its target, and its arguments' shapes, dtypes, strides and
+    constant values."""
+    def describe(a):
+        if isinstance(a, torch.fx.Node):
+            v = env.get(a.name)
+            if isinstance(v, torch.Tensor):
+                return ("T", tuple(v.shape), str(v.dtype), tuple(v.stride()), v.storage_offset())
+            return ("V", type(v).__name__)
+        return a
+    parts = pytree.tree_map(describe, (node.args, dict(node.kwargs)),
+                            is_leaf=lambda x: isinstance(x, torch.fx.Node))
+    return f"{node.target}|{parts!r}"
+
+
+def _sampler(node: torch.fx.Node, env: dict[str, Any], device: torch.device
+             ) -> Callable[[int], float]:
+    """A function ``sample(calls)``: the fastest of ``calls`` back-to-back calls of ``node``,
+    in seconds. Arguments the op writes into are cloned before each call (outside the timing)."""
+    kind = op_kind(node.target)
+    args, kwargs = node_args(node, env)
+
+    def fresh() -> tuple[tuple, dict]:
+        if not kind.writes:
+            return args, kwargs
+        a = list(args)
+        for i in kind.writes:
+            if i < len(a) and isinstance(a[i], torch.Tensor):
+                a[i] = a[i].clone()
+        return tuple(a), kwargs
+
+    if device.type == "cuda":
+        start_ev = torch.cuda.Event(enable_timing=True)
+        end_ev = torch.cuda.Event(enable_timing=True)
+
+        def once() -> float:
+            a, k = fresh()
+            start_ev.record()
+            node.target(*a, **k)
+            end_ev.record()
+            end_ev.synchronize()
+            return start_ev.elapsed_time(end_ev) * 1e-3
+    else:
+        def once() -> float:
+            a, k = fresh()
+            start = time.perf_counter()
+            node.target(*a, **k)
+            return time.perf_counter() - start
+
+    return lambda calls: min(once() for _ in range(calls))
+
+
+def time_nodes(nodes: list[torch.fx.Node], env: dict[str, Any], rounds: int,
+               device: torch.device, progress: Callable[[int], None] | None = None
+               ) -> dict[str, float]:
+    """Time of every node of ``nodes`` (seconds; ``getitem`` is free): per unique signature,
+    the minimum over ``rounds`` interleaved rounds (see the module docstring)."""
+    times: dict[str, float] = {}
+    members: dict[str, list[str]] = {}
+    samplers: dict[str, Callable[[int], float]] = {}
+    for node in nodes:
+        if node.target is operator.getitem:
+            times[node.name] = 0.0
+            continue
+        sig = signature(node, env)
+        if sig not in samplers:
+            samplers[sig] = _sampler(node, env, device)
+        members.setdefault(sig, []).append(node.name)
+    best: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for i, (sig, sample) in enumerate(samplers.items()):  # warm-up: lazy initialisation
+        if progress is not None:
+            progress(i)
+        first = sample(1)
+        best[sig] = first
+        low, high = _INNER_BOUNDS
+        calls[sig] = max(low, min(high, int(1e-3 / max(first, 1e-7))))
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a cyclic collection would land inside a random sample
+    try:
+        for _ in range(rounds):
+            for sig, sample in samplers.items():
+                best[sig] = min(best[sig], sample(calls[sig]))
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    for sig, names in members.items():
+        for name in names:
+            times[name] = best[sig]
+    log.debug("timed %d unique op signatures of %d ops over %d rounds",
+              len(samplers), len(nodes), rounds)
+    return times
+
+
+def in_situ_overhead(gm: torch.fx.GraphModule, inputs: list[Any], nodes: list[torch.fx.Node],
+                     times: dict[str, float], device: torch.device, runs: int = 5) -> float:
+    """Per-op cost that isolated timing misses: run the whole joint graph as straight-line code
+    (fx's own code generation, as the executor runs a schedule: cold caches, allocator traffic,
+    one Python call per op) and spread the difference between its fastest run and the sum of
+    the isolated times evenly over the ops."""
+    with warnings.catch_warnings():  # pytree specs warn about a deprecated check when copied
+        warnings.simplefilter("ignore", FutureWarning)
+        replayable = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    replayable.graph._codegen = torch.fx.graph.CodeGen()
+    replayable.recompile()
+    flat = pytree.tree_leaves(inputs)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    samples = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(runs + 1):
+            fresh = [v.clone() if isinstance(v, torch.Tensor) else v for v in flat]
+            sync()
+            start = time.perf_counter()
+            result = replayable(*fresh)
+            sync()
+            samples.append(time.perf_counter() - start)
+            del result, fresh
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    replay = min(samples[1:])
+    counted = [n for n in nodes if n.target is not operator.getitem]
+    isolated = sum(times.get(n.name, 0.0) for n in counted)
+    per_op = max(0.0, (replay - isolated) / max(len(counted), 1))
+    log.debug("in-situ replay %.3f ms vs isolated %.3f ms: %.2f us per op",
+              replay * 1e3, isolated * 1e3, per_op * 1e6)
+    return per_op
+
+
+def time_in_place(gm: torch.fx.GraphModule, inputs: list[Any], rounds: int,
+                  device: torch.device) -> dict[str, float]:
+    """Time of every op of ``gm`` as it runs inside the whole program: the program replayed
+    ``rounds`` times in order, each value freed after its last use (as the executor frees
+    them), each op timed where it stands, the minimum over the rounds kept. Unlike isolated
+    timing this includes what a real run pays per op: fresh allocations (page faults for large
+    tensors on the CPU) and caches that the previous ops left cold."""
+    order = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr", "call_function")]
+    last_use: dict[str, int] = {}
+    for i, node in enumerate(order):
+        for a in node.all_input_nodes:
+            last_use[a.name] = i
+    dead_after: dict[int, list[str]] = {}
+    for name, i in last_use.items():
+        dead_after.setdefault(i, []).append(name)
+    flat = pytree.tree_leaves(inputs)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    best: dict[str, float] = {}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds + 1):  # the first round warms up
+            env: dict[str, Any] = {}
+            values = iter(flat)
+            for i, node in enumerate(order):
+                if node.op == "placeholder":
+                    env[node.name] = next(values)
+                elif node.op == "get_attr":
+                    env[node.name] = getattr(gm, node.target)
+                else:
+                    args, kwargs = node_args(node, env)
+                    sync()
+                    start = time.perf_counter()
+                    env[node.name] = node.target(*args, **kwargs)
+                    sync()
+                    elapsed = time.perf_counter() - start
+                    best[node.name] = min(best.get(node.name, float("inf")), elapsed)
+                for name in dead_after.get(i, ()):
+                    env.pop(name, None)
+            del env
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return best
