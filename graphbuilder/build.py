@@ -46,6 +46,10 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
         "capture_path": cap.path,
         "cost_model": resolve_cost_model(cost_model, _device(model, sample)),
         "device": str(_device(model, sample)),
+        # a saved CPU generator state (what the executor keeps to rerun a random op); on a GPU
+        # the states live in host memory, outside the device's budget
+        "rng_state_bytes": (torch.get_rng_state().numel() if _device(model, sample).type == "cpu"
+                            else 0),
         "param_names": cap.param_names,
         "frozen_names": cap.frozen_names,
         "buffer_names": cap.buffer_names,

@@ -43,7 +43,8 @@ from hiremate.ir.graph import DataKind, Graph
 from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
-from hiremate.ir.simulator import simulate
+from hiremate.ir.simulator import rng_state_peak, simulate
+from hiremate.units import fmt_bytes
 from hiremate.wrapper import ModelWrapper
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,45 @@ def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate
     cfg = load_config(config, **overrides)
     nbytes = resolve_budget(budget, graph)
     cache = MenuCache(cfg.cache_dir, enabled=cfg.cache)
-    result = solve(graph, nbytes, cfg, cache)
+    result = _solve_with_rng_states(graph, nbytes, cfg, cache, solve)
     result.report["cache_hits"] = cache.hits
     result.report["cache_misses"] = cache.misses
     return result
+
+
+def _solve_with_rng_states(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any):
+    """``solve`` within ``budget`` counting the generator states the executor saves for random
+    ops it reruns (:func:`hiremate.ir.simulator.rng_state_peak`), which the solvers do not see:
+    solved at the budget, then, while the states overflow it, at the budget less what they
+    took, and at last less room for every random op's state at once."""
+    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
+    randoms = sum(1 for n in graph.nodes if n.random)
+    reserves = [0]
+    result = None
+    while True:
+        try:
+            result = solve(graph, budget - reserves[-1], cfg, cache)
+        except InfeasibleBudgetError as exc:
+            if reserves[-1] == 0:
+                raise
+            raise InfeasibleBudgetError(
+                f"{exc} (after keeping {fmt_bytes(reserves[-1])} free for the random-generator "
+                f"states of the {randoms} random ops that a schedule may rerun)",
+                min_budget=exc.min_budget + reserves[-1] if exc.min_budget else None) from exc
+        peak = rng_state_peak(graph, result.schedule) if per_state and randoms else result.sim.peak
+        result.report["rng_state_bytes"] = peak - result.sim.peak
+        result.report["predicted_peak"] = peak
+        result.report["budget"] = int(budget)
+        if peak <= budget:
+            return result
+        full = per_state * randoms
+        reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state))
+        if reserve >= budget or reserve <= reserves[-1]:
+            raise InfeasibleBudgetError(
+                f"the schedule found needs {fmt_bytes(peak)} with the random-generator states "
+                f"it keeps, above the budget {fmt_bytes(budget)}; raise the budget",
+                min_budget=peak)
+        reserves.append(reserve)
 
 
 @dataclass

@@ -128,14 +128,15 @@ def test_in_place_models_capture_exactly(make):
 def test_in_place_residual_solves_far_below_the_old_floor():
     """With the in-place ops merged into the nodes owning their storage, this model was
     infeasible below 92% of its autodiff peak; functionalised, its floor is five activations
-    (the last BatchNorm's backward: output, output gradient, BN input, gradients in and out)."""
+    (the last BatchNorm's backward: output, output gradient, BN input, gradients in and out)
+    plus the CPU convolution's scratch (measured under every cost model): 82% here."""
     torch.manual_seed(0)
     model = ResidualBN()
     sample = torch.randn(2, 4, 8, 8)
     graph = hiremate.build_graph(model, sample, cost_model="flops")
     peak = hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).peak
-    result = solve_graph(graph, 0.65, "hiremate", n_jobs=1, cache=False, progress=False)
-    assert result.report["predicted_peak"] <= 0.65 * peak
+    result = solve_graph(graph, 0.85, "hiremate", n_jobs=1, cache=False, progress=False)
+    assert result.report["predicted_peak"] <= 0.85 * peak
     _assert_same_training_step(model, sample, schedule=result.schedule, graph=graph)
 
 

@@ -71,6 +71,33 @@ def simulate(graph: Graph, schedule: Schedule, trace: bool = False) -> Simulatio
     return result()
 
 
+def rng_state_peak(graph: Graph, schedule: Schedule) -> int:
+    """The peak of ``schedule`` with the random-generator states the executor keeps: before the
+    first run of a random node that the schedule runs again, it saves the generator state
+    (``graph.meta["rng_state_bytes"]``: the CPU generator's, a few KiB, counted when the model
+    runs on the CPU; a GPU's is kept in host memory) and frees it after the last rerun. The
+    solvers' memory models leave these out; the composer reserves room for them."""
+    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
+    sim = simulate(graph, schedule, trace=per_state > 0)
+    if not per_state or sim.trace is None:
+        return sim.peak
+    runs: dict[int, list[int]] = {}
+    random_nodes = {n.id for n in graph.nodes if n.random}
+    for i, step in enumerate(schedule):
+        if isinstance(step, Compute) and step.node in random_nodes:
+            runs.setdefault(step.node, []).append(i)
+    held = [0] * (len(schedule) + 1)  # a difference array over the steps
+    for steps in runs.values():
+        if len(steps) > 1:
+            held[steps[0]] += per_state
+            held[steps[-1] + 1] -= per_state
+    peak, running = sim.trace.start, 0
+    for i, during in enumerate(sim.trace.during):
+        running += held[i]
+        peak = max(peak, during + running)
+    return peak
+
+
 def trace(graph: Graph, schedule: Schedule, alive: Iterable[int] | None = None) -> Trace:
     """Memory during and after each step of ``schedule`` and what each step frees, by the
     simulator's rule, without checking validity (a part of a schedule, a block's option, a

@@ -1,0 +1,163 @@
+"""Do the graph's numbers hold? Peaks without calibration, times across loads (issue 19, items 2-3).
+
+For every model (the zoo's defaults and Hugging Face GPT2, Llama and BERT built from configs with
+their default arguments, as in ``tests/capture_zoo.py``):
+
+- ``peak``: the graph built with ``--cost``, solved at ``--budget`` times its autodiff peak with
+  the default preset and ``calibrate=0``, run by the executor: predicted peak, measured peak
+  (``hiremate.measure``, the whole step above the pre-forward level), their ratio and the
+  measured peak over the budget;
+- ``time``: the graph's predicted autodiff step (sum of node times) against eager PyTorch's
+  measured step (fastest of ``--rounds``) and the executor's step for the autodiff schedule;
+- with ``--stability``: the graph built twice with ``--cost``, the second time beside a
+  process that keeps one core busy; the Spearman rank correlation of the two node-time vectors
+  and the ratio of their totals.
+
+Run::
+
+    python bench/cost_fidelity.py                       # every model, roofline costs (auto)
+    python bench/cost_fidelity.py --stability --cost measured unet gpt2
+    python bench/cost_fidelity.py --json hf-gpt2 hf-llama hf-bert
+
+Prints a Markdown table (``--json``: one object per line). Results: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import hiremate  # noqa: E402
+from hiremate import zoo  # noqa: E402
+
+HF_MODELS = {"hf-gpt2": "gpt2", "hf-llama": "llama", "hf-bert": "bert_mlm"}
+BUSY = "import time\nend = time.time() + 600\nwhile time.time() < end:\n    pass\n"
+
+
+def build_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
+    """(model, sample, loss_fn): a zoo model in float32, or a Hugging Face one (float64, default
+    arguments) from the capture table's builders."""
+    if name in HF_MODELS:
+        import capture_zoo
+
+        model, sample, loss_fn = getattr(capture_zoo, HF_MODELS[name])()
+        return model, sample, loss_fn
+    model, sample = zoo.get(name)
+    return model, sample, None
+
+
+def _call(sample: Any) -> tuple[tuple, dict]:
+    if isinstance(sample, dict):
+        return (), sample
+    return zoo.split_sample(sample)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (ties get their average rank)."""
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return out
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else 1.0
+
+
+def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int) -> dict[str, Any]:
+    from hiremate.api import HRockmate
+    from hiremate.ir.budget import resolve_budget
+    from hiremate.ir.simulator import simulate
+
+    model, sample, loss_fn = build_model(name)
+    graph = hiremate.build_graph(model, sample, cost_model=cost)
+    budget = resolve_budget(budget_fraction, graph)
+    args, kwargs = _call(sample)
+    row: dict[str, Any] = {"model": name, "cost": graph.meta["cost_model"],
+                           "nodes": len(graph.nodes)}
+    eager = hiremate.measure(model, *args, loss_fn=loss_fn, repeats=rounds, **kwargs)
+    autodiff = simulate(graph, hiremate.autodiff_schedule(graph))
+    plain = HRockmate.from_graph(model, graph, 1.0, sample=sample, calibrate=0, cache=False)
+    run_autodiff = hiremate.measure(plain, *args, loss_fn=loss_fn, repeats=rounds, **kwargs)
+    row.update(predicted_step_ms=autodiff.time * 1e3, eager_step_ms=min(eager.times) * 1e3,
+               executor_step_ms=min(run_autodiff.times) * 1e3,
+               autodiff_predicted_peak=autodiff.peak, eager_peak=eager.peak)
+    try:
+        remat = HRockmate.from_graph(model, graph, budget, sample=sample, calibrate=0, cache=False)
+    except hiremate.InfeasibleBudgetError as exc:
+        row.update(budget=budget, status=f"infeasible ({exc.min_budget} bytes needed)")
+        return row
+    measured = hiremate.measure(remat, *args, loss_fn=loss_fn, repeats=1, **kwargs)
+    predicted = remat.report()["predicted_peak"]
+    row.update(budget=budget, predicted_peak=predicted, measured_peak=measured.peak,
+               measured_over_predicted=measured.peak / predicted,
+               measured_over_budget=measured.peak / budget, status="ok")
+    return row
+
+
+def stability(name: str, cost: str) -> dict[str, Any]:
+    model, sample, _ = build_model(name)
+    quiet = hiremate.build_graph(model, sample, cost_model=cost)
+    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        time.sleep(0.5)
+        loaded = hiremate.build_graph(model, sample, cost_model=cost)
+    finally:
+        busy.kill()
+        busy.wait()
+    a = [n.time for n in quiet.nodes]
+    b = [n.time for n in loaded.nodes]
+    return {"model": name, "cost": quiet.meta["cost_model"], "nodes": len(a),
+            "spearman": spearman(a, b), "total_quiet_ms": sum(a) * 1e3,
+            "total_busy_ms": sum(b) * 1e3, "busy_over_quiet": sum(b) / sum(a)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("models", nargs="*", help="zoo names or hf-gpt2, hf-llama, hf-bert")
+    parser.add_argument("--cost", default="auto")
+    parser.add_argument("--budget", type=float, default=0.5)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--stability", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    names = args.models or [*zoo.names(), *HF_MODELS]
+    rows = []
+    for name in names:
+        row = (stability(name, args.cost) if args.stability
+               else peak_and_time(name, args.cost, args.budget, args.rounds))
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+    if args.json:
+        return
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for row in rows:
+        cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in
+                 (row.get(k, "-") for k in keys)]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
