@@ -71,7 +71,8 @@ def _solve_with_rng_states(graph: Graph, budget: int, cfg: Config, cache: Any, s
     """``solve`` within ``budget`` counting the generator states the executor saves for random
     ops it reruns (:func:`hiremate.ir.simulator.rng_state_peak`), which the solvers do not see:
     solved at the budget, then, while the states overflow it, at the budget less what they
-    took, and at last less room for every random op's state at once."""
+    took (or the lowest budget the solvers meet, when that is above), and at last less room
+    for every random op's state at once."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
     reserves = [0]
@@ -82,6 +83,10 @@ def _solve_with_rng_states(graph: Graph, budget: int, cfg: Config, cache: Any, s
         except InfeasibleBudgetError as exc:
             if reserves[-1] == 0:
                 raise
+            low = exc.min_budget
+            if low is not None and budget - reserves[-1] < low < budget - reserves[-2]:
+                reserves.append(budget - low)  # the lowest the solvers meet: it may still fit
+                continue
             raise InfeasibleBudgetError(
                 f"{exc} (after keeping {fmt_bytes(reserves[-1])} free for the random-generator "
                 f"states of the {randoms} random ops that a schedule may rerun)",

@@ -73,7 +73,7 @@ def reuse_capture(request, captured, monkeypatch):
     import hiremate
 
     if request.node.callspec.params.get("name", "") != "default":
-        monkeypatch.setattr(hiremate, "build_graph", lambda model, sample: captured)
+        monkeypatch.setattr(hiremate, "build_graph", lambda model, sample, **_: captured)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -104,7 +104,7 @@ def test_hilp_top_through_the_subprocess_path_writes_nothing(capfd, own_cache, m
 
     import hiremate
 
-    monkeypatch.setattr(hiremate, "build_graph", lambda model, sample: captured)
+    monkeypatch.setattr(hiremate, "build_graph", lambda model, sample, **_: captured)
     monkeypatch.setattr(backends, "_loaded", lambda module: True)
     monkeypatch.setattr(backends, "_in_subprocess", counted)
     model, sample = small_model()

@@ -75,8 +75,9 @@ def rng_state_peak(graph: Graph, schedule: Schedule) -> int:
     """The peak of ``schedule`` with the random-generator states the executor keeps: before the
     first run of a random node that the schedule runs again, it saves the generator state
     (``graph.meta["rng_state_bytes"]``: the CPU generator's, a few KiB, counted when the model
-    runs on the CPU; a GPU's is kept in host memory) and frees it after the last rerun. The
-    solvers' memory models leave these out; the composer reserves room for them."""
+    runs on the CPU; a GPU's is kept in host memory) and frees it after the last rerun; during
+    a rerun it also holds the state it interrupted. The solvers' memory models leave these out;
+    :func:`hiremate.api.solve_graph` leaves room for them."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     sim = simulate(graph, schedule, trace=per_state > 0)
     if not per_state or sim.trace is None:
@@ -87,14 +88,17 @@ def rng_state_peak(graph: Graph, schedule: Schedule) -> int:
         if isinstance(step, Compute) and step.node in random_nodes:
             runs.setdefault(step.node, []).append(i)
     held = [0] * (len(schedule) + 1)  # a difference array over the steps
+    rerun: set[int] = set()
     for steps in runs.values():
         if len(steps) > 1:
             held[steps[0]] += per_state
             held[steps[-1] + 1] -= per_state
+            rerun.update(steps[1:])
     peak, running = sim.trace.start, 0
     for i, during in enumerate(sim.trace.during):
         running += held[i]
-        peak = max(peak, during + running)
+        # a rerun also keeps the state it interrupts, to continue from it afterwards
+        peak = max(peak, during + running + (per_state if i in rerun else 0))
     return peak
 
 
