@@ -37,17 +37,20 @@ from hiremate.graphbuilder.costs.timing import time_in_place
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3
+FORMAT = 4
 #: interleaved timing rounds of the calibration programs
 CALIBRATION_ROUNDS = 7
 
 
 @dataclass(frozen=True)
 class RooflineFit:
-    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved)."""
+    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved); ``dispatch``: the
+    seconds per op that a training step spends around its ops (Python, autograd's engine,
+    module calls), from whole small models run eagerly against the sum of their ops."""
 
     coefficients: dict[str, tuple[float, float, float]]
     fingerprint: dict[str, Any]
+    dispatch: float = 0.0
 
     def time(self, node: torch.fx.Node, flops: float | None = None) -> float:
         kind = op_class(node)
@@ -55,10 +58,10 @@ class RooflineFit:
             return 0.0
         per_op, per_flop, per_byte = self.coefficients[kind]
         count = flops_of(node) if flops is None else flops
-        return per_op + per_flop * count + per_byte * bytes_moved(node)
+        return self.dispatch + per_op + per_flop * count + per_byte * bytes_moved(node)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "fingerprint": self.fingerprint,
+        return {"format": FORMAT, "fingerprint": self.fingerprint, "dispatch": self.dispatch,
                 "coefficients": {k: list(v) for k, v in self.coefficients.items()}}
 
     @classmethod
@@ -68,7 +71,10 @@ class RooflineFit:
         coefficients = {k: tuple(float(x) for x in v) for k, v in data["coefficients"].items()}
         if any(len(v) != 3 or min(v) < 0 for v in coefficients.values()):
             raise FormatError("malformed roofline coefficients")
-        return cls(coefficients, dict(data["fingerprint"]))
+        dispatch = float(data["dispatch"])
+        if not dispatch >= 0:
+            raise FormatError("malformed roofline dispatch time")
+        return cls(coefficients, dict(data["fingerprint"]), dispatch)
 
 
 def machine_fingerprint(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -124,9 +130,10 @@ def load_or_fit(device: torch.device, dtype: torch.dtype, cache_dir: Path) -> Ro
 
 
 # -- calibration ------------------------------------------------------------------------------
-def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]]]]:
-    """Small programs (a function and the shapes of its arguments, all differentiated) whose
-    ATen ops span the classes and sizes of the models we schedule."""
+def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]], bool]]:
+    """Small programs (a function, the shapes of its arguments, all differentiated, and whether
+    it is a small model whose eager step measures the per-op dispatch) whose ATen ops span the
+    classes and sizes of the models we schedule."""
     def linear_step(x, w, b):
         y = F.linear(x, w, b)
         return torch.autograd.grad(F.gelu(y).sum(), (x, w, b))
@@ -167,14 +174,15 @@ def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]]]]:
         out = (scores @ v).transpose(1, 2).reshape(batch, tokens, width)
         return torch.autograd.grad(out.square().mean(), (x, wq, wk, wv))
 
-    programs: list[tuple[Callable[..., Any], list[tuple[int, ...]]]] = []
+    models: list[tuple[Callable[..., Any], list[tuple[int, ...]]]] = []
     for rows, width in ((64, 64), (256, 128), (512, 256)):
-        programs.append((mlp_stack, [(rows, width), (4 * width, width), (width, 4 * width),
-                                     (width,), (width,)]))
+        models.append((mlp_stack, [(rows, width), (4 * width, width), (width, 4 * width),
+                                   (width,), (width,)]))
     for n, c, hw in ((2, 8, 32), (4, 16, 16), (2, 32, 16)):
-        programs.append((conv_stack, [(n, c, hw, hw), (c, c, 3, 3), (c, c, 3, 3), (c,), (c,)]))
+        models.append((conv_stack, [(n, c, hw, hw), (c, c, 3, 3), (c, c, 3, 3), (c,), (c,)]))
     for batch, tokens, width in ((2, 64, 64), (4, 128, 128)):
-        programs.append((attention, [(batch, tokens, width)] + [(width, width)] * 3))
+        models.append((attention, [(batch, tokens, width)] + [(width, width)] * 3))
+    programs: list[tuple[Callable[..., Any], list[tuple[int, ...]]]] = []
     for m, k, n in ((32, 32, 32), (64, 256, 64), (128, 128, 128), (256, 512, 256),
                     (512, 512, 512), (1024, 256, 1024), (2048, 128, 512)):
         programs.append((linear_step, [(m, k), (n, k), (n,)]))
@@ -189,7 +197,7 @@ def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]]]]:
         programs.append((norm_step, [(rows, cols), (cols,), (cols,)]))
     for n, c, hw in ((2, 8, 16), (4, 16, 32), (8, 32, 32), (4, 64, 64)):
         programs.append((batch_norm_step, [(n, c, hw, hw), (c,), (c,)]))
-    return programs
+    return [(f, shapes, True) for f, shapes in models] + [(f, s, False) for f, s in programs]
 
 
 def _conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -203,8 +211,9 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
     samples: dict[str, list[tuple[float, float, float]]] = {k: [] for k in OP_CLASSES}
     nodes_all: list[torch.fx.Node] = []
     programs = []
+    models = []
     with torch.random.fork_rng(devices=[]):
-        for index, (fn, shapes) in enumerate(_programs()):
+        for index, (fn, shapes, whole) in enumerate(_programs()):
             inputs = [torch.randn(s, generator=gen, dtype=dtype).to(device).requires_grad_()
                       for s in shapes]
             gm = make_fx(fn)(*inputs)
@@ -212,6 +221,8 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
                 node.name = f"p{index}_{node.name}"
             plain = [t.detach() for t in inputs]
             programs.append((gm, plain))
+            if whole:
+                models.append((fn, inputs, gm))
     times: dict[str, float] = {}
     for _ in range(CALIBRATION_ROUNDS):  # rounds interleaved over the programs (load bursts)
         for gm, plain in programs:
@@ -228,7 +239,31 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
         free = (0,) if kind == "view" else (0, 1, 2)  # a view's time is its dispatch alone
         coefficients[kind] = (_nnls_relative(rows, free) if len(rows) >= len(free)
                               else (per_op, 1.0 / rate, 1.0 / bandwidth))
-    return RooflineFit(coefficients, machine_fingerprint(device, dtype))
+    fit = RooflineFit(coefficients, machine_fingerprint(device, dtype))
+    return RooflineFit(coefficients, fit.fingerprint, _dispatch(fit, models, device))
+
+
+def _dispatch(fit: RooflineFit, models: list[tuple[Callable[..., Any], list[torch.Tensor],
+                                                   torch.fx.GraphModule]],
+              device: torch.device) -> float:
+    """Seconds per op that an eager step of a small model spends beyond its ops' fitted times:
+    the median over the models of (fastest eager step - sum of op times) / ops."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    best = [float("inf")] * len(models)
+    for _ in range(CALIBRATION_ROUNDS + 1):  # interleaved; the first round warms up
+        for i, (fn, inputs, _) in enumerate(models):
+            sync()
+            start = time.perf_counter()
+            fn(*inputs)
+            sync()
+            best[i] = min(best[i], time.perf_counter() - start)
+    extras = []
+    for (_, _, gm), eager in zip(models, best):
+        ops = [n for n in gm.graph.nodes if n.op == "call_function" and op_class(n) is not None]
+        predicted = sum(fit.time(n) for n in ops)
+        extras.append(max(0.0, (eager - predicted) / max(1, len(ops))))
+    extras.sort()
+    return extras[len(extras) // 2] if extras else 0.0
 
 
 def _nnls_relative(rows: list[tuple[float, float, float]], free: tuple[int, ...] = (0, 1, 2)
