@@ -4,9 +4,10 @@ For every model (the zoo's defaults and Hugging Face GPT2, Llama and BERT built 
 their default arguments, as in ``tests/capture_zoo.py``):
 
 - ``peak``: the graph built with ``--cost``, solved at ``--budget`` times its autodiff peak with
-  the default preset and ``calibrate=0``, run by the executor: predicted peak, measured peak
-  (``hiremate.measure``, the whole step above the pre-forward level), their ratio and the
-  measured peak over the budget;
+  the default preset and ``calibrate=0``, run by the executor with the model's loss
+  (``zoo.output_loss`` for the zoo, the capture table's for Hugging Face) given as
+  ``loss_fn``: predicted peak, measured peak (``hiremate.measure``, the whole step above the
+  pre-forward level), their ratio and the measured peak over the budget;
 - ``time``: the graph's predicted autodiff step (sum of node times) against eager PyTorch's
   measured step (fastest of ``--rounds``) and the executor's step for the autodiff schedule;
 - with ``--stability``: the graph built twice with ``--cost``, the second time beside a
@@ -53,7 +54,7 @@ def build_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
         model, sample, loss_fn = getattr(capture_zoo, HF_MODELS[name])()
         return model, sample, loss_fn
     model, sample = zoo.get(name)
-    return model, sample, None
+    return model, sample, zoo.output_loss
 
 
 def _call(sample: Any) -> tuple[tuple, dict]:
@@ -96,13 +97,15 @@ def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int) -> 
                            "nodes": len(graph.nodes)}
     eager = hiremate.measure(model, *args, loss_fn=loss_fn, repeats=rounds, **kwargs)
     autodiff = simulate(graph, hiremate.autodiff_schedule(graph))
-    plain = HRockmate.from_graph(model, graph, 1.0, sample=sample, calibrate=0, cache=False)
+    plain = HRockmate.from_graph(model, graph, 1.0, sample=sample, calibrate=0, cache=False,
+                                 loss_fn=loss_fn)
     run_autodiff = hiremate.measure(plain, *args, loss_fn=loss_fn, repeats=rounds, **kwargs)
     row.update(predicted_step_ms=autodiff.time * 1e3, eager_step_ms=min(eager.times) * 1e3,
                executor_step_ms=min(run_autodiff.times) * 1e3,
                autodiff_predicted_peak=autodiff.peak, eager_peak=eager.peak)
     try:
-        remat = HRockmate.from_graph(model, graph, budget, sample=sample, calibrate=0, cache=False)
+        remat = HRockmate.from_graph(model, graph, budget, sample=sample, calibrate=0, cache=False,
+                                     loss_fn=loss_fn)
     except hiremate.InfeasibleBudgetError as exc:
         row.update(budget=budget, status=f"infeasible ({exc.min_budget} bytes needed)")
         return row

@@ -30,7 +30,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -43,7 +43,7 @@ from hiremate.ir.graph import DataKind, Graph
 from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
-from hiremate.ir.simulator import rng_state_peak, simulate
+from hiremate.ir.simulator import simulate, step_peak
 from hiremate.units import fmt_bytes
 from hiremate.wrapper import ModelWrapper
 
@@ -53,26 +53,40 @@ SAVE_FORMAT = 1
 
 
 def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate",
-                **overrides: Any):
-    """Solve an already captured graph: a :class:`~hiremate.composer.solve.SolveResult`."""
+                loss_bytes: int = 0, **overrides: Any):
+    """Solve an already captured graph: a :class:`~hiremate.composer.solve.SolveResult` whose
+    whole step, with the random-generator states the executor keeps and ``loss_bytes`` that the
+    user's loss allocates beyond the output gradients (:func:`hiremate.ir.simulator.step_peak`),
+    fits the budget."""
     from hiremate.composer.solve import solve
     from hiremate.composer.menu_cache import MenuCache
 
     cfg = load_config(config, **overrides)
-    nbytes = resolve_budget(budget, graph)
+    if isinstance(loss_bytes, bool) or not isinstance(loss_bytes, int) or loss_bytes < 0:
+        raise ConfigError(f"loss_bytes must be a byte count >= 0, got {loss_bytes!r}")
+    nbytes = resolve_budget(budget, graph, reference=_step_autodiff_peak(graph, loss_bytes))
     cache = MenuCache(cfg.cache_dir, enabled=cfg.cache)
-    result = _solve_with_rng_states(graph, nbytes, cfg, cache, solve)
+    result = _solve_whole_step(graph, nbytes, cfg, cache, solve, loss_bytes)
     result.report["cache_hits"] = cache.hits
     result.report["cache_misses"] = cache.misses
     return result
 
 
-def _solve_with_rng_states(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any):
-    """``solve`` within ``budget`` counting the generator states the executor saves for random
-    ops it reruns (:func:`hiremate.ir.simulator.rng_state_peak`), which the solvers do not see:
-    solved at the budget, then, while the states overflow it, at the budget less what they
-    took (or the lowest budget the solvers meet, when that is above), and at last less room
-    for every random op's state at once."""
+def _step_autodiff_peak(graph: Graph, loss_bytes: int) -> int:
+    """What a fractional budget is a fraction of: the whole step's peak when every value is
+    kept (eager PyTorch's step, the loss included)."""
+    from hiremate.ir.simulator import autodiff_schedule
+
+    return step_peak(graph, autodiff_schedule(graph), loss_bytes)
+
+
+def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
+                      loss_bytes: int):
+    """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
+    the loss's memory and the generator states the executor saves for random ops it reruns,
+    which the solvers do not see): solved at the budget, then, while the step overflows it,
+    at the budget less what overflowed (or at the lowest budget the solvers meet, when
+    that is above), and at last with room for every random op's state at once."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
     reserves = [0]
@@ -88,21 +102,24 @@ def _solve_with_rng_states(graph: Graph, budget: int, cfg: Config, cache: Any, s
                 reserves.append(budget - low)  # the lowest the solvers meet: it may still fit
                 continue
             raise InfeasibleBudgetError(
-                f"{exc} (after keeping {fmt_bytes(reserves[-1])} free for the random-generator "
-                f"states of the {randoms} random ops that a schedule may rerun)",
+                f"{exc} (after keeping {fmt_bytes(reserves[-1])} free for what the loss "
+                f"allocates ({fmt_bytes(loss_bytes)}) and the random-generator states of the "
+                f"{randoms} random ops that a schedule may rerun)",
                 min_budget=exc.min_budget + reserves[-1] if exc.min_budget else None) from exc
-        peak = rng_state_peak(graph, result.schedule) if per_state and randoms else result.sim.peak
-        result.report["rng_state_bytes"] = peak - result.sim.peak
+        peak = step_peak(graph, result.schedule, loss_bytes)
+        result.report["loss_bytes"] = loss_bytes
+        result.report["rng_state_bytes"] = step_peak(graph, result.schedule) - result.sim.peak
         result.report["predicted_peak"] = peak
         result.report["budget"] = int(budget)
         if peak <= budget:
             return result
-        full = per_state * randoms
+        full = per_state * randoms + loss_bytes
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state))
         if reserve >= budget or reserve <= reserves[-1]:
             raise InfeasibleBudgetError(
-                f"the schedule found needs {fmt_bytes(peak)} with the random-generator states "
-                f"it keeps, above the budget {fmt_bytes(budget)}; raise the budget",
+                f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
+                f"random-generator states it keeps, above the budget {fmt_bytes(budget)}; "
+                "raise the budget",
                 min_budget=peak)
         reserves.append(reserve)
 
@@ -126,6 +143,16 @@ class HRockmate(ModelWrapper):
     """``model`` rescheduled to fit ``budget`` (bytes, ``"512MiB"``, or a fraction of the
     autodiff peak); call it like the model. See the module docstring.
 
+    The budget bounds the whole training step above the memory allocated before the forward
+    (parameters and their gradients aside): the forward, the user's loss and the backward.
+    The loss runs outside the module, so its memory is accounted for, not scheduled: with
+    ``loss_fn`` (the function the training loop applies to the output) it is measured once
+    at build (the loss run on the model's outputs and differentiated back to them); without
+    it, the loss is taken to keep one tensor the size of the differentiable outputs besides
+    their gradients (cross-entropy keeps its log-softmax, a squared error its residual). The
+    gradients of the outputs that the loss hands to the backward are counted by the graph.
+    The random-generator states kept to rerun random ops are counted as well.
+
     Building leaves ``model`` as it was: parameters, buffers, ``.grad`` and the global RNG
     states (:func:`hiremate.runtime.preserve.preserved` around the whole build). A call with inputs of
     other shapes than ``sample`` is captured and solved again for them, once (config
@@ -143,20 +170,26 @@ class HRockmate(ModelWrapper):
     """
 
     def __init__(self, model: torch.nn.Module, sample: Any, budget: int | float | str,
-                 config: str | Path | dict | Config | None = "hiremate", **overrides: Any):
+                 config: str | Path | dict | Config | None = "hiremate", *,
+                 loss_fn: Callable[[Any], torch.Tensor] | None = None, **overrides: Any):
         super().__init__()
         cfg = load_config(config, **overrides)
         if budget is None:
             raise ConfigError("HRockmate needs a budget: bytes, '512MiB', or a fraction (0.5)")
         resolve_budget(budget, reference=1)  # a malformed budget fails before the capture
-        self._init_state(budget)
+        self._init_state(budget, loss_fn)
         with preserved(model):
             built = self._build(model, cfg, sample, budget)
         self._adopt(model, built, cfg)
 
-    def _init_state(self, budget: int | float | str) -> None:
+    def _init_state(self, budget: int | float | str,
+                    loss_fn: Callable[[Any], torch.Tensor] | None = None) -> None:
+        if loss_fn is not None and not callable(loss_fn):
+            raise ConfigError(f"loss_fn must be callable (output -> scalar loss), got "
+                              f"{type(loss_fn).__name__}")
         # the budget as the user wrote it: a fraction is resolved again for every new shape
         self._budget_arg = budget
+        self._loss_fn = loss_fn
         self.recaptures = 0
         # keyed by the module itself (hashed by identity), so that copies and pickles of this
         # module keep each report with its copied variant
@@ -170,8 +203,9 @@ class HRockmate(ModelWrapper):
             from hiremate import build_graph
 
             graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir)
-        target = resolve_budget(budget, graph)
-        result = solve_graph(graph, target, cfg)
+        loss_bytes = self._loss_bytes(model, graph, sample)
+        target = resolve_budget(budget, graph, reference=_step_autodiff_peak(graph, loss_bytes))
+        result = solve_graph(graph, target, cfg, loss_bytes=loss_bytes)
         built = _Built(graph, tuple(result.schedule), dict(result.report),
                        self._make_executor(model, graph, tuple(result.schedule), cfg, sample,
                                            variant))
@@ -179,6 +213,18 @@ class HRockmate(ModelWrapper):
             built = self._calibrate(model, built, sample, target, cfg,
                                     result.report["solve_time"], variant)
         return built
+
+    def _loss_bytes(self, model: torch.nn.Module, graph: Graph, sample: Any) -> int:
+        """What the loss allocates between the forward and the backward beyond the output
+        gradients the graph counts: measured by running ``loss_fn`` on the model's outputs
+        when one was given, else the size of the differentiable outputs (a loss such as
+        cross-entropy or a squared error keeps one tensor like its input for its backward)."""
+        grads = sum(d.size for d in graph.data if d.kind is DataKind.TANGENT)
+        if self._loss_fn is None or sample is None:
+            return int(grads)
+        from hiremate.runtime.measurement import loss_memory
+
+        return int(loss_memory(model, sample, self._loss_fn, grads))
 
     def _calibrate(self, model, first: _Built, sample: Any, budget: int, cfg: Config,
                    solve_time: float, variant: bool, tolerance: float = 0.02) -> _Built:
@@ -195,14 +241,16 @@ class HRockmate(ModelWrapper):
         start = time.perf_counter()
         limit = budget * (1 + tolerance)
         target = budget
-        tried = [(first, measure(first.executor, *args, repeats=1, warmup=0, **kwargs).peak)]
+        loss_fn = self._loss_fn
+        tried = [(first, measure(first.executor, *args, loss_fn=loss_fn, repeats=1, warmup=0,
+                                 **kwargs).peak)]
         for _ in range(cfg.calibrate):
             measured = tried[-1][1]
             if measured <= limit:
                 break
             target = target - (measured - budget)
             try:
-                result = solve_graph(graph, target, cfg)
+                result = solve_graph(graph, target, cfg, loss_bytes=first.report["loss_bytes"])
             except InfeasibleBudgetError as exc:
                 # the lowered budget is out of reach; the lowest budget the solvers are known
                 # to meet still lowers the peak, when it is below the last one tried
@@ -211,7 +259,8 @@ class HRockmate(ModelWrapper):
                     break
                 target = int(low)
                 try:
-                    result = solve_graph(graph, target, cfg)
+                    result = solve_graph(graph, target, cfg,
+                                         loss_bytes=first.report["loss_bytes"])
                 except InfeasibleBudgetError:
                     break
             solve_time += result.report["solve_time"]
@@ -220,8 +269,8 @@ class HRockmate(ModelWrapper):
                 break
             built = _Built(graph, schedule, dict(result.report),
                            self._make_executor(model, graph, schedule, cfg, sample, variant))
-            tried.append((built, measure(built.executor, *args, repeats=1, warmup=0,
-                                         **kwargs).peak))
+            tried.append((built, measure(built.executor, *args, loss_fn=loss_fn, repeats=1,
+                                         warmup=0, **kwargs).peak))
         fits = [t for t in tried if t[1] <= limit]
         best, peak = (min(fits, key=lambda t: t[0].report["predicted_time"]) if fits
                       else min(tried, key=lambda t: t[1]))
@@ -235,12 +284,13 @@ class HRockmate(ModelWrapper):
     @classmethod
     def from_graph(cls, model: torch.nn.Module, graph: Graph, budget: int | float | str,
                    config: str | Path | dict | Config | None = "hiremate", sample: Any = None,
+                   *, loss_fn: Callable[[Any], torch.Tensor] | None = None,
                    **overrides: Any) -> "HRockmate":
         """Like the constructor, on a graph already captured from ``model`` (no capture)."""
         cfg = load_config(config, **overrides)
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
-        self._init_state(budget)
+        self._init_state(budget, loss_fn)
         with preserved(model):
             built = self._build(model, cfg, sample, budget, graph=graph)
         self._adopt(model, built, cfg)

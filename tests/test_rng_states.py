@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import hiremate
-from hiremate.ir.simulator import rng_state_peak, simulate
+from hiremate.ir.simulator import simulate, step_peak as rng_state_peak
 
 
 def _dropout_mlp():

@@ -37,7 +37,7 @@ from hiremate.graphbuilder.costs.timing import time_in_place
 
 log = logging.getLogger(__name__)
 
-FORMAT = 4
+FORMAT = 6
 #: interleaved timing rounds of the calibration programs
 CALIBRATION_ROUNDS = 7
 

@@ -71,16 +71,19 @@ def simulate(graph: Graph, schedule: Schedule, trace: bool = False) -> Simulatio
     return result()
 
 
-def rng_state_peak(graph: Graph, schedule: Schedule) -> int:
-    """The peak of ``schedule`` with the random-generator states the executor keeps: before the
+def step_peak(graph: Graph, schedule: Schedule, loss_bytes: int = 0) -> int:
+    """The peak of a whole training step that runs ``schedule``: the simulator's, plus what
+    the user's loss allocates between the forward and the backward beyond the output
+    gradients the graph already counts (``loss_bytes``, added at the loss node's step), plus
+    the random-generator states the executor keeps: before the
     first run of a random node that the schedule runs again, it saves the generator state
     (``graph.meta["rng_state_bytes"]``: the CPU generator's, a few KiB, counted when the model
     runs on the CPU; a GPU's is kept in host memory) and frees it after the last rerun; during
     a rerun it also holds the state it interrupted. The solvers' memory models leave these out;
     :func:`hiremate.api.solve_graph` leaves room for them."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
-    sim = simulate(graph, schedule, trace=per_state > 0)
-    if not per_state or sim.trace is None:
+    sim = simulate(graph, schedule, trace=per_state > 0 or loss_bytes > 0)
+    if sim.trace is None:
         return sim.peak
     runs: dict[int, list[int]] = {}
     random_nodes = {n.id for n in graph.nodes if n.random}
@@ -94,11 +97,14 @@ def rng_state_peak(graph: Graph, schedule: Schedule) -> int:
             held[steps[0]] += per_state
             held[steps[-1] + 1] -= per_state
             rerun.update(steps[1:])
+    loss_steps = {i for i, step in enumerate(schedule)
+                  if isinstance(step, Compute) and step.node == graph.loss}
     peak, running = sim.trace.start, 0
     for i, during in enumerate(sim.trace.during):
         running += held[i]
         # a rerun also keeps the state it interrupts, to continue from it afterwards
-        peak = max(peak, during + running + (per_state if i in rerun else 0))
+        extra = (per_state if i in rerun else 0) + (loss_bytes if i in loss_steps else 0)
+        peak = max(peak, during + running + extra)
     return peak
 
 

@@ -535,3 +535,32 @@ def measure(
     )
     log.debug("measure(%s): %s [%s]", type(fn).__name__, result, method)
     return result
+
+
+def loss_memory(model: Any, sample: Any, loss_fn: Callable[[Any], torch.Tensor],
+                output_grad_bytes: int) -> int:
+    """What ``loss_fn`` allocates at its peak between a forward and its backward, beyond the
+    gradients of the model's outputs (``output_grad_bytes``, which a graph counts itself):
+    the loss run for real on the model's outputs (from a forward without autograd) and
+    differentiated back to them, measured as :func:`measure` measures a step."""
+    from hiremate.graphbuilder.capture import normalise_sample
+
+    args, kwargs = normalise_sample(sample)
+    with torch.no_grad():
+        out = model(*args, **kwargs)
+    flat, spec = pytree.tree_flatten(out)
+    where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not where:
+        raise ConfigError("the model's output holds no floating-point tensor for loss_fn to "
+                          "differentiate; pass a loss_fn that matches the model's output")
+    leaves = [flat[i].detach().clone().requires_grad_() for i in where]
+    del out
+
+    def outputs(*tensors: torch.Tensor) -> Any:
+        values = list(flat)
+        for i, t in zip(where, tensors):
+            values[i] = t
+        return pytree.tree_unflatten(values, spec)
+
+    peak = measure(outputs, *leaves, loss_fn=loss_fn, repeats=1, warmup=1).peak
+    return max(0, peak - output_grad_bytes)

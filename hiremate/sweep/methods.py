@@ -281,9 +281,10 @@ def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, preset: str,
     start = time.perf_counter()
     if graph is not None:
         module = HRockmate.from_graph(model, graph, budget, config=preset, sample=sample,
-                                      **spec.hiremate_overrides)
+                                      loss_fn=output_loss, **spec.hiremate_overrides)
     else:
-        module = HRockmate(model, sample, budget, config=preset, **spec.hiremate_overrides)
+        module = HRockmate(model, sample, budget, config=preset, loss_fn=output_loss,
+                           **spec.hiremate_overrides)
     setup = time.perf_counter() - start
     report = module.report()
     m = measure_sample(module, sample, spec)
