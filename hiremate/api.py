@@ -43,7 +43,7 @@ from hiremate.ir.graph import DataKind, Graph
 from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
-from hiremate.ir.simulator import simulate, step_peak
+from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
 from hiremate.units import fmt_bytes
 from hiremate.wrapper import ModelWrapper
 
@@ -72,11 +72,43 @@ def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate
     return result
 
 
+def _without_random_reruns(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
+                           loss_bytes: int):
+    """A schedule that reruns no random op, when the states kept for reruns are what overflow
+    the budget (on a small model one state outweighs the activations): solved on a copy of the
+    graph whose random ops cost a thousand times their time, so that the solvers recompute
+    anything else first; None when that schedule does not fit either."""
+    if not any(n.random for n in graph.nodes) or not graph.meta.get("rng_state_bytes"):
+        return None
+    payload = graph.to_dict()
+    longest = max((n["time"] for n in payload["nodes"]), default=0.0) or 1e-6
+    for node in payload["nodes"]:
+        if node.get("random"):
+            node["time"] = 1e3 * (node["time"] + longest)
+    from hiremate.composer.menu_cache import MenuCache
+
+    try:  # not cached: the penalised graph has the original's key
+        result = solve(Graph.from_dict(payload), budget, cfg, MenuCache(enabled=False))
+    except InfeasibleBudgetError:
+        return None
+    schedule = tuple(result.schedule)
+    peak = step_peak(graph, schedule, loss_bytes)
+    if peak > budget:
+        return None
+    sim = simulate(graph, schedule)
+    autodiff = simulate(graph, autodiff_schedule(graph))
+    result.sim = sim
+    result.report.update(predicted_peak=peak, predicted_time=sim.time, budget=int(budget),
+                         autodiff_time=autodiff.time,
+                         relative_time=sim.time / autodiff.time if autodiff.time else 1.0,
+                         loss_bytes=loss_bytes, rng_state_bytes=step_peak(graph, schedule) - sim.peak,
+                         random_reruns="avoided: their generator states would not fit")
+    return result
+
+
 def _step_autodiff_peak(graph: Graph, loss_bytes: int) -> int:
     """What a fractional budget is a fraction of: the whole step's peak when every value is
     kept (eager PyTorch's step, the loss included)."""
-    from hiremate.ir.simulator import autodiff_schedule
-
     return step_peak(graph, autodiff_schedule(graph), loss_bytes)
 
 
@@ -116,6 +148,9 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
         full = per_state * randoms + loss_bytes
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state))
         if reserve >= budget or reserve <= reserves[-1]:
+            kept = _without_random_reruns(graph, budget, cfg, cache, solve, loss_bytes)
+            if kept is not None:
+                return kept
             raise InfeasibleBudgetError(
                 f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
                 f"random-generator states it keeps, above the budget {fmt_bytes(budget)}; "
