@@ -121,23 +121,27 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
     that is above), and at last with room for every random op's state at once."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
+    # the most the solvers do not see: the loss, every random op's state and an interrupted
+    # one; the solvers' lowest budget plus this always works (solved with all of it reserved)
+    full = loss_bytes + (per_state * (randoms + 1) if randoms else 0)
     reserves = [0]
     result = None
     while True:
         try:
             result = solve(graph, budget - reserves[-1], cfg, cache)
         except InfeasibleBudgetError as exc:
-            if reserves[-1] == 0:
-                raise
             low = exc.min_budget
-            if low is not None and budget - reserves[-1] < low < budget - reserves[-2]:
+            if reserves[-1] and low is not None and (
+                    budget - reserves[-1] < low < budget - reserves[-2]):
                 reserves.append(budget - low)  # the lowest the solvers meet: it may still fit
                 continue
+            if not full:
+                raise
             raise InfeasibleBudgetError(
-                f"{exc} (after keeping {fmt_bytes(reserves[-1])} free for what the loss "
-                f"allocates ({fmt_bytes(loss_bytes)}) and the random-generator states of the "
-                f"{randoms} random ops that a schedule may rerun)",
-                min_budget=exc.min_budget + reserves[-1] if exc.min_budget else None) from exc
+                f"{exc}; with what the loss allocates ({fmt_bytes(loss_bytes)}) and the "
+                f"random-generator states of the {randoms} random ops a schedule may rerun, "
+                f"the step needs at most {fmt_bytes(low + full) if low else 'more'}",
+                min_budget=low + full if low else None) from exc
         peak = step_peak(graph, result.schedule, loss_bytes)
         result.report["loss_bytes"] = loss_bytes
         result.report["rng_state_bytes"] = step_peak(graph, result.schedule) - result.sim.peak
@@ -145,7 +149,6 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
         result.report["budget"] = int(budget)
         if peak <= budget:
             return result
-        full = per_state * randoms + loss_bytes
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state))
         if reserve >= budget or reserve <= reserves[-1]:
             kept = _without_random_reruns(graph, budget, cfg, cache, solve, loss_bytes)
@@ -154,8 +157,9 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
             raise InfeasibleBudgetError(
                 f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
                 f"random-generator states it keeps, above the budget {fmt_bytes(budget)}; "
-                "raise the budget",
-                min_budget=peak)
+                f"raise the budget to {fmt_bytes(budget - reserves[-1] + full)}, which always "
+                "leaves room for them",
+                min_budget=budget - reserves[-1] + full)
         reserves.append(reserve)
 
 
