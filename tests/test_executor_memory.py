@@ -9,8 +9,6 @@ import hiremate
 from hiremate.runtime.executor import RematModule
 from test_executor_util import get_model, graph_of, schedules_of, split
 
-MIB = 2 ** 20
-
 
 @pytest.mark.parametrize("name", ["mlp", "gpt2", "resnet", "convbn", "dictout",
                                   pytest.param("small_gpt2", marks=pytest.mark.slow)])
@@ -22,7 +20,7 @@ def test_measured_peak_within_prediction(name: str, schedule: str) -> None:
     args, kwargs = split(sample)
     measured = hiremate.measure(remat, *args, repeats=1, warmup=0, **kwargs)
     predicted = remat.predicted.peak
-    assert measured.peak <= predicted * 1.05 + MIB, (
+    assert measured.peak <= predicted * 1.02 + 4096, (
         f"{name}/{schedule}: measured {measured.peak} B, predicted {predicted} B")
 
 
