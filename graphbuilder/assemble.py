@@ -27,9 +27,17 @@ class _Ctx:
 
 
 def _value_size(node: torch.fx.Node) -> int:
+    """Bytes of the storage that ``node``'s value owns: its fake storage where that is larger
+    than its elements (the functional ``copy`` of a slice clones the slice's whole base, as
+    eager does: FNO's rfft backward allocated 32 KiB where 16.5 KiB were counted)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return int(val.numel()) * val.element_size()
+        dense = int(val.numel()) * val.element_size()
+        try:
+            stored = int(val.untyped_storage().nbytes())
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage (sparse, symbolic)
+            stored = 0
+        return max(dense, stored)
     return 0
 
 

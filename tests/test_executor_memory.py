@@ -9,8 +9,6 @@ import hiremate
 from hiremate.runtime.executor import RematModule
 from test_executor_util import get_model, graph_of, schedules_of, split
 
-MIB = 2 ** 20
-
 
 @pytest.mark.parametrize("name", ["mlp", "gpt2", "resnet", "convbn", "dictout",
                                   pytest.param("small_gpt2", marks=pytest.mark.slow)])
@@ -22,7 +20,7 @@ def test_measured_peak_within_prediction(name: str, schedule: str) -> None:
     args, kwargs = split(sample)
     measured = hiremate.measure(remat, *args, repeats=1, warmup=0, **kwargs)
     predicted = remat.predicted.peak
-    assert measured.peak <= predicted * 1.05 + MIB, (
+    assert measured.peak <= predicted * 1.02 + 4096, (
         f"{name}/{schedule}: measured {measured.peak} B, predicted {predicted} B")
 
 
@@ -39,3 +37,17 @@ def test_recomputing_schedule_saves_measured_memory() -> None:
                       remat.predicted.peak)
     assert peaks["keep-third"][1] < peaks["autodiff"][1]
     assert peaks["keep-third"][0] < peaks["autodiff"][0]
+
+
+@pytest.mark.parametrize("schedule", ["autodiff", "keep-none"])
+def test_functional_copy_of_a_slice_counted_at_its_storage(schedule: str) -> None:
+    """rfft's backward copies its gradient into a slice of a zero tensor: the functional
+    ``copy`` allocates the slice's whole base, not the slice (FNO measured 1.09x its
+    prediction while it was counted at the slice)."""
+    graph = graph_of("spectral")
+    model, sample = get_model("spectral")
+    remat = RematModule(model, graph, schedules_of(graph)[schedule])
+    measured = hiremate.measure(remat, *split(sample)[0], repeats=1, warmup=0)
+    predicted = remat.predicted.peak
+    assert measured.peak <= predicted * 1.02 + 4096, (
+        f"spectral/{schedule}: measured {measured.peak} B, predicted {predicted} B")

@@ -79,6 +79,24 @@ class DictOut(nn.Module):
         return {"h": torch.tanh(h), "pair": (h.sum(-1), ids + 1), "n": 3}
 
 
+class Spectral(nn.Module):
+    """A 1-D spectral convolution (FNO's layer): rfft's backward pads the gradient with a
+    functional ``copy`` of a slice, which allocates the slice's whole base."""
+
+    def __init__(self, channels: int = 4, modes: int = 12) -> None:
+        super().__init__()
+        self.modes = modes
+        self.wr = nn.Parameter(torch.randn(channels, channels, modes) / channels)
+        self.wi = nn.Parameter(torch.randn(channels, channels, modes) / channels)
+        self.scale = nn.Parameter(torch.randn(channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.scale  # so that rfft's input needs a gradient
+        xf = torch.fft.rfft(x)[..., :self.modes]
+        yf = torch.einsum("bim,iom->bom", xf, torch.complex(self.wr, self.wi))
+        return torch.tanh(torch.fft.irfft(yf, n=x.shape[-1]) + x)
+
+
 def small_gpt2(dtype: torch.dtype = torch.float64) -> tuple[nn.Module, dict]:
     import transformers
 
@@ -115,6 +133,8 @@ def get_model(name: str, dtype: torch.dtype = torch.float64) -> tuple[nn.Module,
             "scale": torch.randn(3, 4, 1, generator=gen, dtype=dtype).requires_grad_(),
             "shift": torch.randn(6, generator=gen, dtype=dtype),
         }
+    if name == "spectral":
+        return _seeded(Spectral, dtype), (torch.randn(2, 4, 256, generator=gen, dtype=dtype),)
     if name == "small_gpt2":
         return small_gpt2(dtype)
     return zoo.get(name, dtype=dtype)
