@@ -64,7 +64,7 @@ def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate
     cfg = load_config(config, **overrides)
     if isinstance(loss_bytes, bool) or not isinstance(loss_bytes, int) or loss_bytes < 0:
         raise ConfigError(f"loss_bytes must be a byte count >= 0, got {loss_bytes!r}")
-    nbytes = resolve_budget(budget, graph, reference=_step_autodiff_peak(graph, loss_bytes))
+    nbytes = _step_budget(budget, graph, loss_bytes)
     cache = MenuCache(cfg.cache_dir, enabled=cfg.cache)
     result = _solve_whole_step(graph, nbytes, cfg, cache, solve, loss_bytes)
     result.report["cache_hits"] = cache.hits
@@ -92,24 +92,32 @@ def _without_random_reruns(graph: Graph, budget: int, cfg: Config, cache: Any, s
     except InfeasibleBudgetError:
         return None
     schedule = tuple(result.schedule)
-    peak = step_peak(graph, schedule, loss_bytes)
-    if peak > budget:
-        return None
-    sim = simulate(graph, schedule)
+    sim = simulate(graph, schedule)  # the real times, not the penalised ones
     autodiff = simulate(graph, autodiff_schedule(graph))
     result.sim = sim
-    result.report.update(predicted_peak=peak, predicted_time=sim.time, budget=int(budget),
-                         autodiff_time=autodiff.time,
+    result.report.update(predicted_time=sim.time, autodiff_time=autodiff.time,
                          relative_time=sim.time / autodiff.time if autodiff.time else 1.0,
-                         loss_bytes=loss_bytes, rng_state_bytes=step_peak(graph, schedule) - sim.peak,
                          random_reruns="avoided: their generator states would not fit")
-    return result
+    return result if _whole_step_report(graph, result, budget, loss_bytes) <= budget else None
 
 
-def _step_autodiff_peak(graph: Graph, loss_bytes: int) -> int:
-    """What a fractional budget is a fraction of: the whole step's peak when every value is
-    kept (eager PyTorch's step, the loss included)."""
-    return step_peak(graph, autodiff_schedule(graph), loss_bytes)
+def _whole_step_report(graph: Graph, result: Any, budget: int, loss_bytes: int) -> int:
+    """Put the whole step's figures in ``result``'s report; return its predicted peak."""
+    peak = step_peak(graph, result.schedule, loss_bytes)
+    randoms = graph.meta.get("rng_state_bytes") and any(n.random for n in graph.nodes)
+    result.report.update(
+        loss_bytes=loss_bytes, predicted_peak=peak, budget=int(budget),
+        rng_state_bytes=step_peak(graph, result.schedule) - result.sim.peak if randoms else 0)
+    return peak
+
+
+def _step_budget(budget: int | float | str, graph: Graph, loss_bytes: int) -> int:
+    """Bytes for ``budget``; a fraction is of the whole step's peak when every value is kept
+    (eager PyTorch's step, the loss included), simulated only when the budget is one."""
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
+        return budget
+    return resolve_budget(budget, graph,
+                          reference=step_peak(graph, autodiff_schedule(graph), loss_bytes))
 
 
 def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
@@ -142,11 +150,7 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
                 f"random-generator states of the {randoms} random ops a schedule may rerun, "
                 f"the step needs at most {fmt_bytes(low + full) if low else 'more'}",
                 min_budget=low + full if low else None) from exc
-        peak = step_peak(graph, result.schedule, loss_bytes)
-        result.report["loss_bytes"] = loss_bytes
-        result.report["rng_state_bytes"] = step_peak(graph, result.schedule) - result.sim.peak
-        result.report["predicted_peak"] = peak
-        result.report["budget"] = int(budget)
+        peak = _whole_step_report(graph, result, budget, loss_bytes)
         if peak <= budget:
             return result
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state))
@@ -243,7 +247,7 @@ class HRockmate(ModelWrapper):
 
             graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir)
         loss_bytes = self._loss_bytes(model, graph, sample)
-        target = resolve_budget(budget, graph, reference=_step_autodiff_peak(graph, loss_bytes))
+        target = _step_budget(budget, graph, loss_bytes)
         result = solve_graph(graph, target, cfg, loss_bytes=loss_bytes)
         built = _Built(graph, tuple(result.schedule), dict(result.report),
                        self._make_executor(model, graph, tuple(result.schedule), cfg, sample,

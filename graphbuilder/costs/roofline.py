@@ -14,6 +14,7 @@ times, however busy the machine is when they run.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -224,9 +225,11 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
             if whole:
                 models.append((fn, inputs, gm))
     times: dict[str, float] = {}
+    for gm, plain in programs:
+        time_in_place(gm, plain, 0, device)  # warm-up: lazy initialisation, first allocations
     for _ in range(CALIBRATION_ROUNDS):  # rounds interleaved over the programs (load bursts)
         for gm, plain in programs:
-            for name, t in time_in_place(gm, plain, 1, device).items():
+            for name, t in time_in_place(gm, plain, 1, device, warmup=False).items():
                 times[name] = min(times.get(name, float("inf")), t)
     for gm, _ in programs:
         nodes_all += [n for n in gm.graph.nodes
@@ -240,7 +243,7 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
         coefficients[kind] = (_nnls_relative(rows, free) if len(rows) >= len(free)
                               else (per_op, 1.0 / rate, 1.0 / bandwidth))
     fit = RooflineFit(coefficients, machine_fingerprint(device, dtype))
-    return RooflineFit(coefficients, fit.fingerprint, _dispatch(fit, models, device))
+    return dataclasses.replace(fit, dispatch=_dispatch(fit, models, device))
 
 
 def _dispatch(fit: RooflineFit, models: list[tuple[Callable[..., Any], list[torch.Tensor],

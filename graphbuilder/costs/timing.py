@@ -163,7 +163,7 @@ def in_situ_overhead(gm: torch.fx.GraphModule, inputs: list[Any], nodes: list[to
 
 
 def time_in_place(gm: torch.fx.GraphModule, inputs: list[Any], rounds: int,
-                  device: torch.device) -> dict[str, float]:
+                  device: torch.device, warmup: bool = True) -> dict[str, float]:
     """Time of every op of ``gm`` as it runs inside the whole program: the program replayed
     ``rounds`` times in order, each value freed after its last use (as the executor frees
     them), each op timed where it stands, the minimum over the rounds kept. Unlike isolated
@@ -183,7 +183,7 @@ def time_in_place(gm: torch.fx.GraphModule, inputs: list[Any], rounds: int,
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for _ in range(rounds + 1):  # the first round warms up
+        for _ in range(rounds + int(warmup)):  # a warm-up round (slow) never is the minimum
             env: dict[str, Any] = {}
             values = iter(flat)
             for i, node in enumerate(order):
