@@ -40,7 +40,8 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     t_capture = time.perf_counter() - start
     grouping = group_joint(cap)
     costs = op_costs(cap.gm, _real_inputs(model, sample, cap), cost_model, repeats,
-                     cache_dir=cache_dir)
+                     cache_dir=cache_dir,
+                     param_grads=[g for g in grouping.grads[:len(cap.param_names)] if g])
     meta = {
         "model": type(model).__name__,
         "capture_path": cap.path,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
@@ -63,10 +64,12 @@ def resolve_cost_model(cost_model: str, device: torch.device) -> str:
 
 def op_costs(gm: torch.fx.GraphModule, inputs: list[Any], cost_model: str = "auto",
              repeats: int = 7, progress: Callable[[int], None] | None = None,
-             cache_dir: str | Path | None = None) -> dict[str, OpCost]:
+             cache_dir: str | Path | None = None, param_grads: Iterable[str] = ()
+             ) -> dict[str, OpCost]:
     """Cost of every ``call_function`` node of ``gm``, keyed by node name. ``repeats``: timing
     rounds of ``measured``; ``cache_dir``: where the ``roofline`` fit is kept (default
-    ``$HIREMATE_CACHE`` or ``~/.cache/hiremate``)."""
+    ``$HIREMATE_CACHE`` or ``~/.cache/hiremate``); ``param_grads``: the nodes whose values are
+    parameter gradients (memory that no budget counts, so not an op's scratch either)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats must be a positive integer, got {repeats!r}")
     device = device_of(inputs)
@@ -74,7 +77,7 @@ def op_costs(gm: torch.fx.GraphModule, inputs: list[Any], cost_model: str = "aut
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     flops = {n.name: flops_of(n) for n in nodes}
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        env, temps = run_and_trace_memory(gm, inputs, device)
+        env, temps = run_and_trace_memory(gm, inputs, device, param_grads)
         if name == "measured":
             times = time_nodes(nodes, env, repeats, device, progress)
             per_op = in_situ_overhead(gm, inputs, nodes, times, device)

@@ -8,6 +8,7 @@ shows; leaving it out made measured peaks exceed the simulator's by up to 1.9x).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -24,10 +25,17 @@ def node_args(node: torch.fx.Node, env: dict[str, Any]) -> tuple[tuple, dict]:
             pytree.tree_map(look, dict(node.kwargs), is_leaf=is_node))
 
 
-def run_and_trace_memory(gm: torch.fx.GraphModule, inputs: list[Any], device: torch.device
+def run_and_trace_memory(gm: torch.fx.GraphModule, inputs: list[Any], device: torch.device,
+                         param_grads: Iterable[str] = ()
                          ) -> tuple[dict[str, Any], dict[str, int]]:
     """Run every op of ``gm`` once, keeping all values alive: the values by node name, and
-    each op's temporary bytes (its peak during the call minus what it leaves allocated)."""
+    each op's temporary bytes (its peak during the call minus what it leaves allocated).
+
+    ``param_grads`` names the nodes whose values are parameter gradients. Neither the simulator
+    nor the measurement counts them, so the allocation that makes one is left out here too:
+    a convolution's backward peaks on its scratch *before* it allocates the weight's gradient,
+    and subtracting that gradient from the peak would hide as much scratch as it weighs.
+    """
     env: dict[str, Any] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for ph, value in zip(placeholders, pytree.tree_leaves(inputs)):
@@ -36,14 +44,20 @@ def run_and_trace_memory(gm: torch.fx.GraphModule, inputs: list[Any], device: to
         if node.op == "get_attr":
             env[node.name] = getattr(gm, node.target)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    wanted = set(param_grads)
     if device.type == "cuda":
-        return env, _cuda_temps(calls, env, device)
-    return env, _cpu_temps(calls, env)
+        return env, _cuda_temps(calls, env, device, wanted)
+    return env, _cpu_temps(calls, env, wanted)
 
 
-def _cuda_temps(calls: list[torch.fx.Node], env: dict[str, Any], device: torch.device
-                ) -> dict[str, int]:
-    temps: dict[str, int] = {}
+def _grad_addresses(env: dict[str, Any], param_grads: set[str]) -> set[int]:
+    return {t.untyped_storage().data_ptr() for name in param_grads
+            for t in pytree.tree_leaves(env.get(name)) if isinstance(t, torch.Tensor)}
+
+
+def _cuda_temps(calls: list[torch.fx.Node], env: dict[str, Any], device: torch.device,
+                param_grads: set[str]) -> dict[str, int]:
+    stats: dict[str, tuple[int, int]] = {}
     for node in calls:
         args, kwargs = node_args(node, env)
         torch.cuda.synchronize(device)
@@ -51,13 +65,32 @@ def _cuda_temps(calls: list[torch.fx.Node], env: dict[str, Any], device: torch.d
         torch.cuda.reset_peak_memory_stats(device)
         env[node.name] = node.target(*args, **kwargs)
         torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - before
-        net = torch.cuda.memory_allocated(device) - before
+        stats[node.name] = (torch.cuda.max_memory_allocated(device) - before,
+                            torch.cuda.memory_allocated(device) - before)
+    grads = _grad_addresses(env, param_grads)
+    temps: dict[str, int] = {}
+    for node in calls:
+        peak, net = stats[node.name]
+        # the allocator's statistics do not say whether a parameter gradient was made before
+        # or after the peak: assume after (its bytes are then scratch, never too little)
+        made = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in pytree.tree_leaves(env[node.name]) if isinstance(t, torch.Tensor)}
+        net -= min(net, sum(n for addr, n in made.items() if addr in grads))
         temps[node.name] = max(0, peak - net)
     return temps
 
 
-def _cpu_temps(calls: list[torch.fx.Node], env: dict[str, Any]) -> dict[str, int]:
+def _walk(events: Iterable[Any]) -> Iterator[Any]:
+    stack = list(events)[::-1]
+    while stack:
+        event = stack.pop()
+        yield event
+        stack.extend(list(event.children)[::-1])
+
+
+def _cpu_temps(calls: list[torch.fx.Node], env: dict[str, Any], param_grads: set[str]
+               ) -> dict[str, int]:
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from hiremate.quiet import QuietContext
@@ -69,26 +102,28 @@ def _cpu_temps(calls: list[torch.fx.Node], env: dict[str, Any]) -> dict[str, int
             args, kwargs = node_args(node, env)
             with record_function(f"hrm::{node.name}"):
                 env[node.name] = node.target(*args, **kwargs)
-    ranges: list[tuple[int, int, str]] = []
-    memory: list[tuple[int, int]] = []
-    for ev in prof.profiler.kineto_results.events():
-        name = ev.name()
-        if name == "[memory]":
-            memory.append((ev.start_ns(), ev.nbytes()))
-        elif name.startswith("hrm::"):
-            ranges.append((ev.start_ns(), ev.end_ns(), name[5:]))
-    memory.sort()
-    ranges.sort()
+    tops = [e for e in _walk(prof.profiler.kineto_results.experimental_event_tree())
+            if e.tag == _EventType.TorchOp and e.name.startswith("hrm::")]
+    per_node: list[tuple[str, list[Any]]] = [
+        (top.name[5:], sorted((e for e in _walk(top.children) if e.tag == _EventType.Allocation
+                               and torch.device(e.extra_fields.device).type == "cpu"),
+                              key=lambda e: e.start_time_ns))
+        for top in tops]
+    # a parameter gradient is the last allocation made at its storage's address (the run keeps
+    # every value alive, so nothing reuses the address afterwards)
+    grad_addresses = _grad_addresses(env, param_grads)
+    last_at: dict[int, Any] = {}
+    for _, allocations in per_node:
+        for e in allocations:
+            if e.extra_fields.alloc_size > 0 and e.extra_fields.ptr in grad_addresses:
+                last_at[e.extra_fields.ptr] = e
+    left_out = {id(e) for e in last_at.values()}
     temps: dict[str, int] = {}
-    j = 0
-    for start, end, name in ranges:
-        while j < len(memory) and memory[j][0] < start:
-            j += 1
+    for name, allocations in per_node:
         running = peak = 0
-        k = j
-        while k < len(memory) and memory[k][0] <= end:
-            running += memory[k][1]
-            peak = max(peak, running)
-            k += 1
+        for e in allocations:
+            if id(e) not in left_out:
+                running += int(e.extra_fields.alloc_size)
+                peak = max(peak, running)
         temps[name] = max(0, peak - max(running, 0))
     return temps
