@@ -256,3 +256,32 @@ def test_equal_peak_comparison_picks_the_fastest_by_paired_ratio():
     assert best_time_within(cells, "compile", 1000)["budget"] == "0.6"
     assert best_time_within(cells, "compile", 920)["budget"] == "0.5"
     assert best_time_within(cells, "compile", 100) is None
+
+
+def test_floor_budget_is_the_lowest_the_first_preset_meets(tmp_path):
+    """``floor``: the model's lowest budget for the first preset, found from the infeasibility
+    error of a one-byte solve on the sweep's graph; the cell at it runs and fits."""
+    from hiremate.api import solve_graph
+    from hiremate.errors import InfeasibleBudgetError
+    from hiremate.ir.graph import Graph
+    from hiremate.sweep.presolve import graph_path, loss_bytes_of
+
+    spec = parse_spec({"name": "floor", "models": [{"name": "mlp", "layers": 2, "width": 32}],
+                       "budgets": ["floor", 0.9], "methods": ["eager", "rotor"], "repeats": 1,
+                       "warmup": 0, "threads": 1})
+    outcome = run_sweep(spec, tmp_path, progress=False, plots=False)
+    cell = outcome.store.cells["mlp-L2-W32|floor|rotor"]
+    graph = Graph.load(graph_path(tmp_path, "mlp-L2-W32"))
+    loss_bytes = loss_bytes_of(grid(spec)[1][0], spec, graph)
+    assert loss_bytes > 0  # the zoo's loss keeps a weight and a product as large as the output
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve_graph(graph, 1, "rotor", loss_bytes, cache=False)
+    assert cell["status"] == "ok" and cell["budget_bytes"] == info.value.min_budget
+    assert cell["predicted_peak"] <= cell["budget_bytes"]
+    assert cell["budget_fraction"] == pytest.approx(cell["budget_bytes"] / cell["eager_peak"])
+    assert cell["budget_bytes"] < outcome.store.cells["mlp-L2-W32|0.9|rotor"]["budget_bytes"]
+
+
+def test_floor_budget_needs_a_preset():
+    with pytest.raises(ConfigError, match="floor"):
+        parse_spec({"models": ["mlp"], "budgets": ["floor"], "methods": ["eager", "compile"]})

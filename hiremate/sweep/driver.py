@@ -23,7 +23,8 @@ from typing import Any
 
 from hiremate.errors import ConfigError
 from hiremate.sweep.plot import plot_all
-from hiremate.sweep.presolve import Presolved, is_hiremate_cell, presolve, sweep_overrides
+from hiremate.sweep.presolve import (Presolved, find_floors, is_hiremate_cell, presolve,
+                                     sweep_overrides)
 from hiremate.sweep.results import ResultStore
 from hiremate.sweep.runner import Cell, execute, grid, run_cell
 from hiremate.sweep.spec import BACKENDS, SweepSpec, load_spec, spec_from_dict
@@ -106,6 +107,8 @@ def run_sweep(spec: SweepSpec | str | Path, out_dir: str | Path | None = None, *
             cells = [c for c in phase if c in todo]
             references = {c.model.label: store.cells.get(c.key) for c in eager_cells}
             references = {k: v for k, v in references.items() if v}
+            if phase is other_cells:
+                references = find_floors(spec, cells, references, out)
             presolved = (presolve(spec, cells, references, out, progress)
                          if phase is other_cells and spec.presolve else None)
             work = _CellWork(spec, references, presolved)

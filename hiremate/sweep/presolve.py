@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from hiremate.errors import InfeasibleBudgetError
+from hiremate.errors import ConfigError, InfeasibleBudgetError
 from hiremate.ir.graph import Graph
 from hiremate.sweep.spec import PEERS, SweepSpec
 
@@ -85,6 +85,52 @@ def _capture(cell: Any, spec: SweepSpec, path: Path) -> Graph:
     return graph
 
 
+def loss_bytes_of(cell: Any, spec: SweepSpec, graph: Graph) -> int:
+    """What the sweep's loss (``zoo.output_loss``) allocates beyond the output gradients, as
+    the cells' :class:`hiremate.HRockmate` measures it, so that presolved schedules and floors
+    are those of the whole step the cells run."""
+    from hiremate.ir.graph import DataKind
+    from hiremate.runtime.measurement import loss_memory
+    from hiremate.sweep.runner import _to_device, resolve_device
+    from hiremate.zoo import output_loss
+
+    device = resolve_device(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, sample = cell.model.build(spec.torch_dtype())
+        grads = sum(d.size for d in graph.data if d.kind is DataKind.TANGENT)
+        return int(loss_memory(model.to(device), _to_device(sample, device), output_loss, grads))
+
+
+def find_floors(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, Any]],
+                out_dir: Path) -> dict[str, dict[str, Any]]:
+    """``references`` with ``floor_bytes`` added for every model that has a ``floor`` cell: the
+    lowest whole-step budget that the sweep's first preset meets on the model's graph (what
+    its infeasibility error reports for a one-byte budget, which the error guarantees)."""
+    from hiremate.api import solve_graph
+
+    preset = spec.floor_preset
+    wanted = {c.model.label: c for c in cells if c.budget is not None and c.budget.floor}
+    out = dict(references)
+    if preset is None:
+        return out
+    overrides = sweep_overrides(spec, out_dir)
+    for label, cell in wanted.items():
+        ref = references.get(label)
+        if not ref or ref.get("status") != "ok":
+            continue
+        try:
+            graph = _capture(cell, spec, graph_path(out_dir, label))
+            solve_graph(graph, 1, preset, loss_bytes_of(cell, spec, graph), **overrides)
+        except InfeasibleBudgetError as exc:
+            if exc.min_budget is not None:
+                out[label] = {**ref, "floor_bytes": int(exc.min_budget)}
+                log.info("floor of %s (%s): %d bytes", label, preset, exc.min_budget)
+        except Exception as exc:  # the floor cells then record why they cannot run
+            log.warning("finding the floor of %s failed: %s", label, exc)
+    return out
+
+
 def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, Any]],
              out_dir: Path, progress: bool | str = "auto") -> Presolved:
     """Capture one graph per model of ``cells`` and solve its hiremate cells, largest budget
@@ -104,7 +150,10 @@ def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, 
         ref = references.get(cell.model.label)
         if not is_hiremate_cell(cell) or not ref or ref.get("status") != "ok":
             continue
-        budget, _ = cell.budget.resolve(int(ref["measured_peak"]))
+        try:
+            budget, _ = cell.budget.resolve(int(ref["measured_peak"]), ref.get("floor_bytes"))
+        except ConfigError:  # a floor that could not be found: the cell reports it
+            continue
         by_model[cell.model.label].append((budget, cell))
     total = sum(len(v) for v in by_model.values())
     bar = tqdm(total=total, desc="presolve", unit="solve", disable=not show_progress(progress) or not total)
@@ -112,6 +161,7 @@ def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, 
         for label, jobs in by_model.items():
             try:
                 graph = _capture(jobs[0][1], spec, graph_path(out_dir, label))
+                loss_bytes = loss_bytes_of(jobs[0][1], spec, graph)
             except Exception as exc:  # the cells capture again and record the failure
                 log.warning("presolve: capturing %s failed (%s); its cells solve alone", label, exc)
                 bar.update(len(jobs))
@@ -120,7 +170,7 @@ def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, 
             for budget, cell in sorted(jobs, key=lambda j: (-j[0], j[1].method)):
                 t0 = time.perf_counter()
                 try:
-                    solve_graph(graph, budget, cell.method, **overrides)
+                    solve_graph(graph, budget, cell.method, loss_bytes, **overrides)
                     out.cells[cell.key] = {"status": "ok"}
                 except InfeasibleBudgetError as exc:
                     out.cells[cell.key] = {"status": "infeasible", "message": str(exc),

@@ -113,7 +113,8 @@ def run_cell(cell: Cell, spec: SweepSpec, reference: dict[str, Any] | None,
             if reference is None or reference.get("status") != "ok":
                 raise RuntimeError("the eager reference of this model failed, so its budgets "
                                    "cannot be resolved (see its eager cell)")
-            budget, fraction = cell.budget.resolve(int(reference["measured_peak"]))
+            budget, fraction = cell.budget.resolve(int(reference["measured_peak"]),
+                                                   reference.get("floor_bytes"))
             rec["budget_bytes"], rec["budget_fraction"] = budget, fraction
         if presolved and presolved.get("status") == "infeasible":
             raise InfeasibleBudgetError(presolved.get("message", "infeasible (presolve)"),

@@ -12,7 +12,8 @@ Example::
     models:
       - {name: mlp, layers: 2, width: 32}          # a zoo model with its sizes
       - {factory: "mypkg.models:make", kwargs: {depth: 4}, label: mine}  # (model, sample)
-    budgets: [0.5, 0.8, "2MiB"]                     # fractions of the eager peak, or sizes
+    budgets: [floor, 0.5, 0.8, "2MiB"]              # fractions of the eager peak, sizes, or
+                                                    # floor: the lowest the first preset meets
     methods: [eager, checkpoint, compile, rotor]
     repeats: 3
     paired_timing: true   # time eager in alternation with each method (load-robust ratios)
@@ -115,14 +116,24 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class Budget:
-    """A budget of the grid: a fraction of the measured eager peak, or a number of bytes."""
+    """A budget of the grid: a fraction of the measured eager peak, a number of bytes, or the
+    model's floor (``floor``: the lowest whole-step budget the sweep's first hiremate preset
+    meets on that model's graph, so that "how low can it go" is measured, not guessed from a
+    grid; peers get the same fraction of the eager peak)."""
 
     label: str
     fraction: float | None = None
     nbytes: int | None = None
+    floor: bool = False
 
-    def resolve(self, eager_peak: int) -> tuple[int, float]:
-        """``(bytes, fraction of eager_peak)`` of this budget for a model."""
+    def resolve(self, eager_peak: int, floor_bytes: int | None = None) -> tuple[int, float]:
+        """``(bytes, fraction of eager_peak)`` of this budget for a model whose floor (when
+        known) is ``floor_bytes``."""
+        if self.floor:
+            if floor_bytes is None:
+                raise ConfigError("budget 'floor' needs a hiremate preset among the methods and "
+                                  "the model's graph; neither was found for this model")
+            return int(floor_bytes), floor_bytes / max(1, eager_peak)
         if self.fraction is not None:
             return max(1, int(math.floor(self.fraction * eager_peak))), self.fraction
         assert self.nbytes is not None
@@ -160,6 +171,11 @@ class SweepSpec:
     @property
     def budgeted_methods(self) -> list[str]:
         return [m for m in self.methods if m not in UNBUDGETED]
+
+    @property
+    def floor_preset(self) -> str | None:
+        """The preset whose lowest budget a ``floor`` budget is: the first one listed."""
+        return next((m for m in self.methods if m not in PEERS), None)
 
     def torch_dtype(self) -> Any:
         import torch
@@ -235,7 +251,10 @@ def parse_model(entry: Any) -> ModelEntry:
 
 
 def parse_budget(value: Any) -> Budget:
-    """A fraction in (0, 1] of the eager peak, or a size (``"2MiB"``, an int of bytes)."""
+    """A fraction in (0, 1] of the eager peak, a size (``"2MiB"``, an int of bytes), or
+    ``floor``."""
+    if isinstance(value, str) and value.strip().lower() == "floor":
+        return Budget(label="floor", floor=True)
     if isinstance(value, bool) or value is None:
         raise ConfigError(f"budget {value!r} is neither a fraction in (0, 1] nor a size")
     if isinstance(value, float) or (isinstance(value, str) and re.fullmatch(r"\s*0?\.\d+\s*|\s*1\.0*\s*", value)):
@@ -252,7 +271,8 @@ def parse_budget(value: Any) -> Budget:
         if nbytes <= 0:
             raise ConfigError(f"budget {value!r} must be positive")
         return Budget(label=value.strip().replace(" ", ""), nbytes=nbytes)
-    raise ConfigError(f"budget {value!r} is neither a fraction in (0, 1] nor a size like '2MiB'")
+    raise ConfigError(f"budget {value!r} is neither a fraction in (0, 1], a size like '2MiB', "
+                      "nor 'floor'")
 
 
 def _positive_int(key: str, value: Any, minimum: int = 1) -> int:
@@ -290,6 +310,9 @@ def parse_spec(data: Any, default_name: str = "sweep") -> SweepSpec:
             methods.append(m)
     if "eager" not in methods:  # the reference of every fraction and relative time
         methods.insert(0, "eager")
+    if any(b.floor for b in budgets) and not any(m not in PEERS for m in methods):
+        raise ConfigError("budget 'floor' is the lowest budget a hiremate preset meets: add a "
+                          "preset (e.g. hiremate) to the methods, or remove 'floor'")
     spec = SweepSpec(name=str(data.get("name") or default_name), models=models, budgets=budgets,
                      methods=methods, description=str(data.get("description") or ""))
     if "repeats" in data:
