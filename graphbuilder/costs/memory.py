@@ -80,7 +80,9 @@ def _cuda_temps(calls: list[torch.fx.Node], env: dict[str, Any], device: torch.d
     return temps
 
 
-def _walk(events: Iterable[Any]) -> Iterator[Any]:
+def walk_events(events: Iterable[Any]) -> Iterator[Any]:
+    """Every event of a profiler's event tree (``experimental_event_tree()``), depth first,
+    each before its children, in the tree's order."""
     stack = list(events)[::-1]
     while stack:
         event = stack.pop()
@@ -102,10 +104,10 @@ def _cpu_temps(calls: list[torch.fx.Node], env: dict[str, Any], param_grads: set
             args, kwargs = node_args(node, env)
             with record_function(f"hrm::{node.name}"):
                 env[node.name] = node.target(*args, **kwargs)
-    tops = [e for e in _walk(prof.profiler.kineto_results.experimental_event_tree())
+    tops = [e for e in walk_events(prof.profiler.kineto_results.experimental_event_tree())
             if e.tag == _EventType.TorchOp and e.name.startswith("hrm::")]
     per_node: list[tuple[str, list[Any]]] = [
-        (top.name[5:], sorted((e for e in _walk(top.children) if e.tag == _EventType.Allocation
+        (top.name[5:], sorted((e for e in walk_events(top.children) if e.tag == _EventType.Allocation
                                and torch.device(e.extra_fields.device).type == "cpu"),
                               key=lambda e: e.start_time_ns))
         for top in tops]

@@ -366,20 +366,14 @@ def _cpu_addresses_available() -> bool:
     return (address, 1024) in events and (address, -1024) in events
 
 
-def _walk(nodes: Iterable[Any]) -> Iterator[Any]:
-    stack = list(nodes)[::-1]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(list(node.children)[::-1])
-
-
 def _cpu_allocation_events(prof: Any) -> list[tuple[int, int]]:
     """``(address, bytes)`` CPU allocation events of a finished profile, in time order."""
     from torch._C._profiler import _EventType
 
     tree = prof.kineto_results.experimental_event_tree()
-    allocations = [n for n in _walk(tree) if n.tag == _EventType.Allocation]
+    from hiremate.graphbuilder.costs.memory import walk_events
+
+    allocations = [n for n in walk_events(tree) if n.tag == _EventType.Allocation]
     events = []
     for n in sorted(allocations, key=lambda n: n.start_time_ns):  # stable: ties keep tree order
         fields = n.extra_fields

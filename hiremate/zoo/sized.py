@@ -18,18 +18,8 @@ import torch
 from torch import nn
 
 from hiremate.errors import ConfigError
+from hiremate.zoo.hf import _transformers
 from hiremate.zoo.registry import SEED
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as exc:  # pragma: no cover - transformers is a test dependency
-        raise ConfigError(
-            "the decision table's models are built with Hugging Face transformers, which is not "
-            "installed; install it with: pip install 'hiremate[zoo]'"
-        ) from exc
-    return transformers
-
 
 def _check(**sizes: int) -> None:
     for name, value in sizes.items():
