@@ -107,7 +107,8 @@ def _whole_step_report(graph: Graph, result: Any, budget: int, loss_bytes: int) 
     randoms = graph.meta.get("rng_state_bytes") and any(n.random for n in graph.nodes)
     result.report.update(
         loss_bytes=loss_bytes, predicted_peak=peak, budget=int(budget),
-        rng_state_bytes=step_peak(graph, result.schedule) - result.sim.peak if randoms else 0)
+        rng_state_bytes=(step_peak(graph, result.schedule)
+                         - step_peak(graph, result.schedule, rng_states=False)) if randoms else 0)
     return peak
 
 
@@ -123,15 +124,18 @@ def _step_budget(budget: int | float | str, graph: Graph, loss_bytes: int) -> in
 def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
                       loss_bytes: int):
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
-    the loss's memory and the generator states the executor saves for random ops it reruns,
-    which the solvers do not see): solved at the budget, then, while the step overflows it,
+    the loss's memory, the output gradients autograd holds until the backward returns, and
+    the generator states the executor saves for random ops it reruns, which the solvers do
+    not see): solved at the budget, then, while the step overflows it,
     at the budget less what overflowed (or at the lowest budget the solvers meet, when
     that is above), and at last with room for every random op's state at once."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
-    # the most the solvers do not see: the loss, every random op's state and an interrupted
-    # one; the solvers' lowest budget plus this always works (solved with all of it reserved)
-    full = loss_bytes + (per_state * (randoms + 1) if randoms else 0)
+    # the most the solvers do not see: the loss, the output gradients autograd holds through
+    # the backward, every random op's state and an interrupted one; the solvers' lowest budget
+    # plus this always works (solved with all of it reserved)
+    tangents = sum(d.size for d in graph.data if d.kind is DataKind.TANGENT)
+    full = loss_bytes + tangents + (per_state * (randoms + 1) if randoms else 0)
     reserves = [0]
     result = None
     while True:
@@ -146,7 +150,8 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
             if not full:
                 raise
             raise InfeasibleBudgetError(
-                f"{exc}; with what the loss allocates ({fmt_bytes(loss_bytes)}) and the "
+                f"{exc}; with what the loss allocates ({fmt_bytes(loss_bytes)}), the output "
+                f"gradients autograd holds ({fmt_bytes(tangents)}) and the "
                 f"random-generator states of the {randoms} random ops a schedule may rerun, "
                 f"the step needs at most {fmt_bytes(low + full) if low else 'more'}",
                 min_budget=low + full if low else None) from exc

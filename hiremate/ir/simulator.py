@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hiremate.errors import InvalidScheduleError
-from hiremate.ir.graph import Graph
+from hiremate.ir.graph import DataKind, Graph
 from hiremate.ir.schedule import Compute, Delete, Schedule
 from hiremate.ir.tracker import MemoryTracker, Trace
 
@@ -71,26 +71,38 @@ def simulate(graph: Graph, schedule: Schedule, trace: bool = False) -> Simulatio
     return result()
 
 
-def step_peak(graph: Graph, schedule: Schedule, loss_bytes: int = 0) -> int:
+def step_peak(graph: Graph, schedule: Schedule, loss_bytes: int = 0, *,
+              rng_states: bool = True) -> int:
     """The peak of a whole training step that runs ``schedule``: the simulator's, plus what
-    the user's loss allocates between the forward and the backward beyond the output
-    gradients the graph already counts (``loss_bytes``, added at the loss node's step), plus
-    the random-generator states the executor keeps: before the
-    first run of a random node that the schedule runs again, it saves the generator state
-    (``graph.meta["rng_state_bytes"]``: the CPU generator's, a few KiB, counted when the model
-    runs on the CPU; a GPU's is kept in host memory) and frees it after the last rerun; during
-    a rerun it also holds the state it interrupted. The solvers' memory models leave these out;
-    :func:`hiremate.api.solve_graph` leaves room for them."""
-    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
-    sim = simulate(graph, schedule, trace=per_state > 0 or loss_bytes > 0)
+    the executor holds that the solvers' memory models leave out (:func:`hiremate.api.solve_graph`
+    leaves room for it):
+
+    - what the user's loss allocates between the forward and the backward beyond the output
+      gradients the graph already counts (``loss_bytes``, added at the loss node's step);
+    - the output gradients (tangents) the schedule deletes: autograd hands them to the
+      executor's backward and holds them until that backward returns, so a ``Delete`` of one
+      ends its use but frees nothing; each counts from its delete to the end of the schedule;
+    - with ``rng_states``, the random-generator states the executor keeps: before the first
+      run of a random node that the schedule runs again, it saves the generator state
+      (``graph.meta["rng_state_bytes"]``: the CPU generator's, a few KiB, counted when the
+      model runs on the CPU; a GPU's is kept in host memory) and frees it after the last
+      rerun; during a rerun it also holds the state it interrupted."""
+    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0) if rng_states else 0
+    data = graph.data
+    tangent_deletes = [(i, data[step.data].size) for i, step in enumerate(schedule)
+                       if isinstance(step, Delete) and 0 <= step.data < len(data)
+                       and data[step.data].kind is DataKind.TANGENT]
+    sim = simulate(graph, schedule, trace=per_state > 0 or loss_bytes > 0 or bool(tangent_deletes))
     if sim.trace is None:
         return sim.peak
+    held = [0] * (len(schedule) + 1)  # a difference array over the steps
+    for i, size in tangent_deletes:
+        held[i] += size
     runs: dict[int, list[int]] = {}
-    random_nodes = {n.id for n in graph.nodes if n.random}
+    random_nodes = {n.id for n in graph.nodes if n.random} if per_state else set()
     for i, step in enumerate(schedule):
         if isinstance(step, Compute) and step.node in random_nodes:
             runs.setdefault(step.node, []).append(i)
-    held = [0] * (len(schedule) + 1)  # a difference array over the steps
     rerun: set[int] = set()
     for steps in runs.values():
         if len(steps) > 1:
