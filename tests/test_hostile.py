@@ -227,7 +227,10 @@ def test_corrupted_cache_file_warns_and_is_solved_again(tmp_path):
     with pytest.warns(RuntimeWarning, match="is unreadable .*; it is removed and the result "
                       "solved again"):
         again = solve_graph(g, 0.95, "hiremate", **cfg)
-    assert again.report["cache_hits"] == 0 and again.schedule == first.schedule
+    # nothing read from the corrupted files: as many hits as the first solve, on an empty
+    # cache, had from its own entries (a whole-step re-solve at a lowered budget reuses them)
+    assert again.report["cache_hits"] == first.report["cache_hits"]
+    assert again.schedule == first.schedule
     assert hiremate.simulate(g, again.schedule).peak <= again.report["budget"]
     assert sorted(tmp_path.rglob("*.json"))  # written again
 

@@ -203,13 +203,13 @@ def test_a_deep_solve_is_deterministic():
     g = random_graph(7, 25)
     params = {"hilp": {"time_limit": 60.0}, "hilp-top": {"time_limit": 60.0},
               "rk-rotor": {"slots": 100}}
-    first = solve_graph(g, 0.7, deep_config(solver_params=params))
+    first = solve_graph(g, 0.9, deep_config(solver_params=params))
     check_result(g, first)
-    again = solve_graph(g, 0.7, deep_config(solver_params=params))
+    again = solve_graph(g, 0.9, deep_config(solver_params=params))
     assert again.schedule == first.schedule
-    parallel = solve_graph(g, 0.7, deep_config(solver_params=params, n_jobs=2, backend="loky"))
+    parallel = solve_graph(g, 0.9, deep_config(solver_params=params, n_jobs=2, backend="loky"))
     assert parallel.schedule == first.schedule
-    assert solve_graph(g, 0.9, deep_config(solver_params=params)).schedule != first.schedule
+    assert solve_graph(g, 1.0, deep_config(solver_params=params)).schedule != first.schedule
 
 
 # -- backward parts without cycles -------------------------------------------------------------

@@ -187,7 +187,7 @@ def two_heads():
     model = TwoHeads().double()
     sample = {"x": torch.randn(2, 5, 8, dtype=torch.float64),
               "extra": torch.randn(2, 16, dtype=torch.float64, requires_grad=True)}
-    h = HRockmate(model, sample, 0.7, calibrate=0, **FAST)
+    h = HRockmate(model, sample, 0.95, calibrate=0, **FAST)
     return model, sample, h
 
 

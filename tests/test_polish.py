@@ -88,7 +88,7 @@ def test_polished_dropout_schedules_run_like_eager():
 
 def test_default_preset_polishes_and_reports():
     graph = random_graph(11, 30)
-    res = solve_graph(graph, 0.8, "hiremate", cache=False, calibrate=0, n_jobs=1,
+    res = solve_graph(graph, 0.95, "hiremate", cache=False, calibrate=0, n_jobs=1,
                       progress=False, flat_max_nodes=0)
     facts = res.report["polish"]
     assert facts and all(f["by"] == "fastsa" for f in facts)

@@ -78,7 +78,7 @@ def test_decorator_registration_used_at_bottom_level(clean_registry, tmp_path):
     hiremate.register_partitioner("deco-halves")(Halves)
     assert "my-menu" in registry.solver_names()
     g = residual_chain(6)
-    res = solve_graph(g, 0.6, {"name": "t", "flat": [], "bottom": ["my-menu"],
+    res = solve_graph(g, 0.8, {"name": "t", "flat": [], "bottom": ["my-menu"],
                                "top": ["rk-rotor"], "partitioner": "deco-halves",
                                "cache": False, "progress": False, "n_jobs": 1})
     sim = hiremate.simulate(g, res.schedule)
@@ -87,7 +87,7 @@ def test_decorator_registration_used_at_bottom_level(clean_registry, tmp_path):
     _check_used(res.report, "my-menu")
     assert MySolver.calls == 2  # the two halves differ (the first reads the input): two menus
     # a solver registered at run time also reaches joblib worker processes
-    par = solve_graph(g, 0.6, {"name": "t", "flat": [], "bottom": ["my-menu"],
+    par = solve_graph(g, 0.8, {"name": "t", "flat": [], "bottom": ["my-menu"],
                                "top": ["rk-rotor"], "partitioner": "deco-halves",
                                "cache": False, "progress": False, "n_jobs": 2,
                                "backend": "loky"})
