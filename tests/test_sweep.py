@@ -258,9 +258,11 @@ def test_equal_peak_comparison_picks_the_fastest_by_paired_ratio():
     assert best_time_within(cells, "compile", 100) is None
 
 
-def test_floor_budget_is_the_lowest_the_first_preset_meets(tmp_path):
-    """``floor``: the model's lowest budget for the first preset, found from the infeasibility
-    error of a one-byte solve on the sweep's graph; the cell at it runs and fits."""
+@pytest.mark.parametrize("steps", [0, 6])
+def test_floor_budget_is_the_lowest_the_first_preset_meets(tmp_path, steps):
+    """``floor``: with ``floor_steps: 0`` the budget that the infeasibility error of a one-byte
+    solve guarantees; with bisecting steps a budget at most that, which the preset meets, above
+    the highest budget the search found infeasible. The cell at it runs and fits."""
     from hiremate.api import solve_graph
     from hiremate.errors import InfeasibleBudgetError
     from hiremate.ir.graph import Graph
@@ -268,7 +270,7 @@ def test_floor_budget_is_the_lowest_the_first_preset_meets(tmp_path):
 
     spec = parse_spec({"name": "floor", "models": [{"name": "mlp", "layers": 2, "width": 32}],
                        "budgets": ["floor", 0.9], "methods": ["eager", "rotor"], "repeats": 1,
-                       "warmup": 0, "threads": 1})
+                       "warmup": 0, "threads": 1, "floor_steps": steps})
     outcome = run_sweep(spec, tmp_path, progress=False, plots=False)
     cell = outcome.store.cells["mlp-L2-W32|floor|rotor"]
     graph = Graph.load(graph_path(tmp_path, "mlp-L2-W32"))
@@ -276,10 +278,22 @@ def test_floor_budget_is_the_lowest_the_first_preset_meets(tmp_path):
     assert loss_bytes > 0  # the zoo's loss keeps a weight and a product as large as the output
     with pytest.raises(InfeasibleBudgetError) as info:
         solve_graph(graph, 1, "rotor", loss_bytes, cache=False)
-    assert cell["status"] == "ok" and cell["budget_bytes"] == info.value.min_budget
+    guaranteed = info.value.min_budget
+    assert cell["status"] == "ok" and cell["budget_bytes"] <= guaranteed
     assert cell["predicted_peak"] <= cell["budget_bytes"]
     assert cell["budget_fraction"] == pytest.approx(cell["budget_bytes"] / cell["eager_peak"])
     assert cell["budget_bytes"] < outcome.store.cells["mlp-L2-W32|0.9|rotor"]["budget_bytes"]
+    below = cell["extra"]["floor_infeasible_bytes"]
+    if steps == 0:
+        assert cell["budget_bytes"] == guaranteed and below is None
+        assert cell["extra"]["floor_solves"] == 1
+    else:
+        assert cell["budget_bytes"] < guaranteed  # the reserves the error adds are not all needed
+        assert below is not None and below < cell["budget_bytes"]
+        with pytest.raises(InfeasibleBudgetError):
+            solve_graph(graph, below, "rotor", loss_bytes, cache=False)
+        assert solve_graph(graph, cell["budget_bytes"], "rotor", loss_bytes,
+                           cache=False).report["predicted_peak"] <= cell["budget_bytes"]
 
 
 def test_floor_budget_needs_a_preset():

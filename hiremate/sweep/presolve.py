@@ -102,33 +102,87 @@ def loss_bytes_of(cell: Any, spec: SweepSpec, graph: Graph) -> int:
         return int(loss_memory(model.to(device), _to_device(sample, device), output_loss, grads))
 
 
+FLOOR_TOLERANCE = 0.02  # a bisecting floor search stops once its bracket is this narrow
+
+
 def find_floors(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, Any]],
                 out_dir: Path) -> dict[str, dict[str, Any]]:
     """``references`` with ``floor_bytes`` added for every model that has a ``floor`` cell: the
-    lowest whole-step budget that the sweep's first preset meets on the model's graph (what
-    its infeasibility error reports for a one-byte budget, which the error guarantees)."""
-    from hiremate.api import solve_graph
+    lowest whole-step budget that the sweep's first preset is found to meet on the model's
+    graph.
 
+    A one-byte solve's infeasibility error gives a budget that is guaranteed to work, but it
+    is only an upper bound: it adds every reserve the solvers do not see at once. So up to
+    ``spec.floor_steps`` more solves bisect between that budget and the graph's memory floor
+    (:func:`hiremate.ir.tracker.memory_floor`, below which no in-order schedule runs),
+    each feasible one lowering the floor to its predicted whole-step peak, until the bracket is
+    within :data:`FLOOR_TOLERANCE`. ``floor_infeasible_bytes`` is then the highest budget found
+    infeasible (None when none was), so a report can say where the solvers' floor lies."""
     preset = spec.floor_preset
     wanted = {c.model.label: c for c in cells if c.budget is not None and c.budget.floor}
     out = dict(references)
     if preset is None:
         return out
-    overrides = sweep_overrides(spec, out_dir)
     for label, cell in wanted.items():
         ref = references.get(label)
         if not ref or ref.get("status") != "ok":
             continue
         try:
-            graph = _capture(cell, spec, graph_path(out_dir, label))
-            solve_graph(graph, 1, preset, loss_bytes_of(cell, spec, graph), **overrides)
-        except InfeasibleBudgetError as exc:
-            if exc.min_budget is not None:
-                out[label] = {**ref, "floor_bytes": int(exc.min_budget)}
-                log.info("floor of %s (%s): %d bytes", label, preset, exc.min_budget)
+            found = _bisect_floor(cell, spec, out_dir, preset)
         except Exception as exc:  # the floor cells then record why they cannot run
             log.warning("finding the floor of %s failed: %s", label, exc)
+            continue
+        if found is not None:
+            out[label] = {**ref, **found}
     return out
+
+
+def _bisect_floor(cell: Any, spec: SweepSpec, out_dir: Path, preset: str) -> dict[str, Any] | None:
+    """``floor_bytes``, ``floor_infeasible_bytes`` and ``floor_solves`` of ``cell``'s model
+    (see :func:`find_floors`); None when not even the guaranteed budget is known."""
+    from hiremate.api import solve_graph
+    from hiremate.ir.tracker import memory_floor
+
+    overrides = sweep_overrides(spec, out_dir)
+    graph = _capture(cell, spec, graph_path(out_dir, cell.model.label))
+    loss_bytes = loss_bytes_of(cell, spec, graph)
+
+    def feasible_peak(budget: int) -> int | None:
+        try:
+            result = solve_graph(graph, budget, preset, loss_bytes, **overrides)
+        except InfeasibleBudgetError as exc:
+            if budget == 1 and exc.min_budget is not None:
+                raise _Guaranteed(int(exc.min_budget)) from exc
+            return None
+        return int(result.report.get("predicted_peak", budget))
+
+    try:
+        feasible_peak(1)
+        return None  # a one-byte budget can only fail; nothing known without its bound
+    except _Guaranteed as bound:
+        high = bound.budget
+    low, infeasible, solves = min(memory_floor(graph), high), None, 1
+    for _ in range(max(0, spec.floor_steps)):
+        if high - low <= FLOOR_TOLERANCE * high:
+            break
+        mid = (low + high) // 2
+        peak = feasible_peak(mid)
+        solves += 1
+        if peak is None:
+            low = infeasible = mid
+        else:
+            high = min(high, peak, mid)
+    log.info("floor of %s (%s): %d bytes; %s infeasible; %d solves", cell.model.label, preset,
+             high, infeasible, solves)
+    return {"floor_bytes": int(high), "floor_infeasible_bytes": infeasible, "floor_solves": solves}
+
+
+class _Guaranteed(Exception):
+    """The budget that a one-byte solve's infeasibility error guarantees."""
+
+    def __init__(self, budget: int):
+        super().__init__(budget)
+        self.budget = budget
 
 
 def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, Any]],

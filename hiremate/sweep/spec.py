@@ -18,6 +18,7 @@ Example::
     repeats: 3
     paired_timing: true   # time eager in alternation with each method (load-robust ratios)
     presolve: true        # hiremate presets: one graph per model, all budgets solved first
+    floor_steps: 6        # solves that bisect for the floor below the guaranteed budget
 
 Models may also be plain strings: ``gpt2`` (a zoo name with its defaults) or
 ``package.module:factory`` (imported with importlib; no ``eval``).
@@ -48,7 +49,7 @@ NO_BUDGET = "-"
 SPEC_KEYS = (
     "name", "description", "models", "budgets", "methods", "repeats", "warmup", "dtype",
     "device", "n_jobs", "backend", "threads", "tolerance", "hiremate_overrides", "paired_timing",
-    "presolve", "compile_backend",
+    "presolve", "compile_backend", "floor_steps",
 )
 MODEL_KEYS_ZOO = ("name", "layers", "width", "batch", "label")
 MODEL_KEYS_FACTORY = ("factory", "kwargs", "label")
@@ -162,6 +163,7 @@ class SweepSpec:
     hiremate_overrides: dict[str, Any] = field(
         default_factory=lambda: {"n_jobs": 1, "progress": False})
     compile_backend: str | None = None
+    floor_steps: int = 6  # bisecting solves below the guaranteed floor (see sweep.presolve)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -319,6 +321,8 @@ def parse_spec(data: Any, default_name: str = "sweep") -> SweepSpec:
         spec.repeats = _positive_int("repeats", data["repeats"])
     if "warmup" in data:
         spec.warmup = _positive_int("warmup", data["warmup"], 0)
+    if "floor_steps" in data:
+        spec.floor_steps = _positive_int("floor_steps", data["floor_steps"], 0)
     if "n_jobs" in data:
         n = data["n_jobs"]
         if isinstance(n, bool) or not isinstance(n, int) or n == 0:
