@@ -10,14 +10,15 @@ their default arguments, as in ``tests/capture_zoo.py``):
   pre-forward level), their ratio and the measured peak over the budget;
 - ``time``: the graph's predicted autodiff step (sum of node times) against eager PyTorch's
   measured step (fastest of ``--rounds``) and the executor's step for the autodiff schedule;
-- with ``--stability``: the graph built twice with ``--cost``, the second time beside a
-  process that keeps one core busy; the Spearman rank correlation of the two node-time vectors
+- with ``--stability``: the graph built twice with ``--cost``, the second time beside
+  ``--busy`` processes that keep a core busy each; the Spearman rank correlation of the two node-time vectors
   and the ratio of their totals.
 
 Run::
 
     python bench/cost_fidelity.py                       # every model, roofline costs (auto)
     python bench/cost_fidelity.py --stability --cost measured unet gpt2
+    python bench/cost_fidelity.py --stability --cost measured --threads 1 --busy 2 unet gpt2
     python bench/cost_fidelity.py --json hf-gpt2 hf-llama hf-bert
 
 Prints a Markdown table (``--json``: one object per line). Results: docs/benchmarks.md.
@@ -117,16 +118,17 @@ def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int) -> 
     return row
 
 
-def stability(name: str, cost: str) -> dict[str, Any]:
+def stability(name: str, cost: str, busy_processes: int = 1) -> dict[str, Any]:
     model, sample, _ = build_model(name)
     quiet = hiremate.build_graph(model, sample, cost_model=cost)
-    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy_processes)]
     try:
         time.sleep(0.5)
         loaded = hiremate.build_graph(model, sample, cost_model=cost)
     finally:
-        busy.kill()
-        busy.wait()
+        for process in busy:
+            process.kill()
+            process.wait()
     a = [n.time for n in quiet.nodes]
     b = [n.time for n in loaded.nodes]
     return {"model": name, "cost": quiet.meta["cost_model"], "nodes": len(a),
@@ -141,12 +143,18 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--stability", action="store_true")
+    parser.add_argument("--busy", type=int, default=1,
+                        help="processes that keep a core busy during the second build")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (1: ops timed in thread CPU time)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     names = args.models or [*zoo.names(), *HF_MODELS]
     rows = []
     for name in names:
-        row = (stability(name, args.cost) if args.stability
+        row = (stability(name, args.cost, args.busy) if args.stability
                else peak_and_time(name, args.cost, args.budget, args.rounds))
         rows.append(row)
         if args.json:

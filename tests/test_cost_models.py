@@ -118,3 +118,34 @@ def test_roofline_fit_never_goes_negative():
     """Times that fall with size would need a negative coefficient: it is held at zero."""
     rows = [(1e6, 1e6, 1e-3), (2e6, 2e6, 5e-4), (4e6, 4e6, 2e-4)]
     assert min(roofline._nnls_relative(rows)) >= 0
+
+
+def test_cpu_clock_with_one_thread_does_not_count_time_given_to_others():
+    """With one intra-op thread ops are timed in the thread's CPU time: time the thread spends
+    off the CPU (here asleep, under load preempted) is not counted, and the cost of reading the
+    clock is taken off each interval."""
+    import time
+
+    from hiremate.graphbuilder.costs.timing import cpu_clock
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        clock, cost = cpu_clock()
+        assert clock is time.thread_time and 0 <= cost < 1e-3
+        start = clock()
+        time.sleep(0.05)
+        assert clock() - start - cost < 0.01
+        torch.set_num_threads(2)
+        clock, _ = cpu_clock()
+        assert clock is time.perf_counter  # worker threads' CPU time would be missed
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_roofline_fit_round_trips_with_its_step_terms():
+    from hiremate.graphbuilder.costs.roofline import RooflineFit
+
+    fit = RooflineFit({k: (1e-6, 1e-11, 1e-10) for k in OP_CLASSES}, {"processor": "x"},
+                      dispatch=2e-6, scale=1.05)
+    assert RooflineFit.from_dict(fit.to_dict()) == fit

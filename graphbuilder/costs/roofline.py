@@ -5,7 +5,8 @@ An op of class ``c`` (:data:`~hiremate.graphbuilder.costs.analytic.OP_CLASSES`) 
 to take ``per_op[c] + per_flop[c] * FLOPs + per_byte[c] * bytes``. The coefficients come from a
 short calibration: a fixed set of small programs (matrix products, convolutions with their
 backward, elementwise and normalisation ops, at several sizes) traced to ATen ops and timed
-the way the ``measured`` model times ops (interleaved rounds, the minimum), then fitted by
+the way the ``measured`` model times ops (interleaved rounds, the minimum; thread CPU time with
+one intra-op thread, see :func:`~hiremate.graphbuilder.costs.timing.cpu_clock`), then fitted by
 non-negative least squares on relative error. The fit is stored under the cache directory,
 keyed by what decides it (CPU model or GPU name, thread count, torch version, dtype), so every
 later build on this machine uses the same numbers: two builds of one model give identical
@@ -34,24 +35,27 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from hiremate.errors import FormatError
 from hiremate.graphbuilder.costs.analytic import (FIXED_MACHINE, OP_CLASSES, bytes_moved,
                                                   flops_of, op_class)
-from hiremate.graphbuilder.costs.timing import time_in_place
+from hiremate.graphbuilder.costs.timing import cpu_clock, time_in_place
 
 log = logging.getLogger(__name__)
 
-FORMAT = 6
+FORMAT = 7  # 7: CPU times are thread CPU time with one intra-op thread (timing.cpu_clock)
 #: interleaved timing rounds of the calibration programs
 CALIBRATION_ROUNDS = 7
 
 
 @dataclass(frozen=True)
 class RooflineFit:
-    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved); ``dispatch``: the
-    seconds per op that a training step spends around its ops (Python, autograd's engine,
-    module calls), from whole small models run eagerly against the sum of their ops."""
+    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved); ``scale`` and
+    ``dispatch``: how a training step relates to its ops timed one by one, ``step = scale *
+    sum(op times) + dispatch * ops``, from whole small models run eagerly. ``scale`` covers
+    what grows with the work (caches the previous ops left cold, fresh allocations),
+    ``dispatch`` what each op pays around it (Python, autograd's engine, module calls)."""
 
     coefficients: dict[str, tuple[float, float, float]]
     fingerprint: dict[str, Any]
     dispatch: float = 0.0
+    scale: float = 1.0
 
     def time(self, node: torch.fx.Node, flops: float | None = None) -> float:
         kind = op_class(node)
@@ -59,10 +63,12 @@ class RooflineFit:
             return 0.0
         per_op, per_flop, per_byte = self.coefficients[kind]
         count = flops_of(node) if flops is None else flops
-        return self.dispatch + per_op + per_flop * count + per_byte * bytes_moved(node)
+        return self.dispatch + self.scale * (per_op + per_flop * count
+                                             + per_byte * bytes_moved(node))
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "fingerprint": self.fingerprint, "dispatch": self.dispatch,
+                "scale": self.scale,
                 "coefficients": {k: list(v) for k, v in self.coefficients.items()}}
 
     @classmethod
@@ -75,7 +81,10 @@ class RooflineFit:
         dispatch = float(data["dispatch"])
         if not dispatch >= 0:
             raise FormatError("malformed roofline dispatch time")
-        return cls(coefficients, dict(data["fingerprint"]), dispatch)
+        scale = float(data["scale"])
+        if not scale > 0:
+            raise FormatError("malformed roofline step scale")
+        return cls(coefficients, dict(data["fingerprint"]), dispatch, scale)
 
 
 def machine_fingerprint(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -243,30 +252,34 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
         coefficients[kind] = (_nnls_relative(rows, free) if len(rows) >= len(free)
                               else (per_op, 1.0 / rate, 1.0 / bandwidth))
     fit = RooflineFit(coefficients, machine_fingerprint(device, dtype))
-    return dataclasses.replace(fit, dispatch=_dispatch(fit, models, device))
+    scale, dispatch = _step_terms(fit, models, device)
+    return dataclasses.replace(fit, dispatch=dispatch, scale=scale)
 
 
-def _dispatch(fit: RooflineFit, models: list[tuple[Callable[..., Any], list[torch.Tensor],
-                                                   torch.fx.GraphModule]],
-              device: torch.device) -> float:
-    """Seconds per op that an eager step of a small model spends beyond its ops' fitted times:
-    the median over the models of (fastest eager step - sum of op times) / ops."""
+def _step_terms(fit: RooflineFit, models: list[tuple[Callable[..., Any], list[torch.Tensor],
+                                                    torch.fx.GraphModule]],
+                device: torch.device) -> tuple[float, float]:
+    """``(scale, dispatch)`` of :class:`RooflineFit`: the fastest eager step of each small
+    model against the sum of its ops' fitted times and its op count, fitted by non-negative
+    least squares on relative error (a scale of 1 and no dispatch when nothing fits)."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    clock, cost = (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
     best = [float("inf")] * len(models)
     for _ in range(CALIBRATION_ROUNDS + 1):  # interleaved; the first round warms up
         for i, (fn, inputs, _) in enumerate(models):
             sync()
-            start = time.perf_counter()
+            start = clock()
             fn(*inputs)
             sync()
-            best[i] = min(best[i], time.perf_counter() - start)
-    extras = []
+            best[i] = min(best[i], clock() - start - cost)
+    rows = []
     for (_, _, gm), eager in zip(models, best):
         ops = [n for n in gm.graph.nodes if n.op == "call_function" and op_class(n) is not None]
-        predicted = sum(fit.time(n) for n in ops)
-        extras.append(max(0.0, (eager - predicted) / max(1, len(ops))))
-    extras.sort()
-    return extras[len(extras) // 2] if extras else 0.0
+        rows.append((sum(fit.time(n) for n in ops), float(len(ops)), eager))
+    if not rows:
+        return 1.0, 0.0
+    _, scale, dispatch = _nnls_relative(rows, free=(1, 2))
+    return (scale, dispatch) if scale > 0 else (1.0, 0.0)
 
 
 def _nnls_relative(rows: list[tuple[float, float, float]], free: tuple[int, ...] = (0, 1, 2)

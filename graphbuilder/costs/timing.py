@@ -5,12 +5,15 @@ share a signature share its time. The timing is *interleaved*: a round times eac
 (the fastest of a few back-to-back calls), and the time kept is the minimum over the rounds. A
 burst of load from another process then spoils one round of some signatures, not all samples of
 one, and the minimum (the run the scheduler left alone) is what the op costs on a quiet machine.
-On a GPU the samples are CUDA events around the call.
+On a GPU the samples are CUDA events around the call. On the CPU with one intra-op thread the
+samples are the calling thread's CPU time (:func:`cpu_clock`): a core shared with another
+process for the whole build then costs nothing, where wall time would grow with the load.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import logging
 import operator
@@ -46,6 +49,27 @@ def signature(node: torch.fx.Node, env: dict[str, Any]) -> str:
     return f"{node.target}|{parts!r}"
 
 
+def cpu_clock() -> tuple[Callable[[], float], float]:
+    """The clock for timing ops on the CPU, and what one start/stop pair of it costs (to take
+    off each interval). With one intra-op thread every op runs on the calling thread, so its
+    CPU time (``time.thread_time``) is the op's cost without the time the OS gave to other
+    processes, which wall time would count; with more threads the workers' CPU time would be
+    missed, so wall time (``time.perf_counter``) it is. Reading the thread's CPU time is a
+    system call of about half a microsecond, as much as a small op, hence the correction."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    return clock, _clock_cost(clock)
+
+
+@functools.lru_cache(maxsize=None)
+def _clock_cost(clock: Callable[[], float]) -> float:
+    """The fastest of many empty intervals of ``clock``: what one start/stop pair costs."""
+    best = float("inf")
+    for _ in range(2000):
+        start = clock()
+        best = min(best, clock() - start)
+    return max(0.0, best)
+
+
 def _sampler(node: torch.fx.Node, env: dict[str, Any], device: torch.device
              ) -> Callable[[int], float]:
     """A function ``sample(calls)``: the fastest of ``calls`` back-to-back calls of ``node``,
@@ -74,11 +98,13 @@ def _sampler(node: torch.fx.Node, env: dict[str, Any], device: torch.device
             end_ev.synchronize()
             return start_ev.elapsed_time(end_ev) * 1e-3
     else:
+        clock, cost = cpu_clock()
+
         def once() -> float:
             a, k = fresh()
-            start = time.perf_counter()
+            start = clock()
             node.target(*a, **k)
-            return time.perf_counter() - start
+            return max(0.0, clock() - start - cost)
 
     return lambda calls: min(once() for _ in range(calls))
 
@@ -138,6 +164,7 @@ def in_situ_overhead(gm: torch.fx.GraphModule, inputs: list[Any], nodes: list[to
     replayable.recompile()
     flat = pytree.tree_leaves(inputs)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    clock, cost = (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
     samples = []
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -145,10 +172,10 @@ def in_situ_overhead(gm: torch.fx.GraphModule, inputs: list[Any], nodes: list[to
         for _ in range(runs + 1):
             fresh = [v.clone() if isinstance(v, torch.Tensor) else v for v in flat]
             sync()
-            start = time.perf_counter()
+            start = clock()
             result = replayable(*fresh)
             sync()
-            samples.append(time.perf_counter() - start)
+            samples.append(clock() - start - cost)
             del result, fresh
     finally:
         if gc_was_enabled:
@@ -179,6 +206,7 @@ def time_in_place(gm: torch.fx.GraphModule, inputs: list[Any], rounds: int,
         dead_after.setdefault(i, []).append(name)
     flat = pytree.tree_leaves(inputs)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    clock, cost = (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
     best: dict[str, float] = {}
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -194,10 +222,10 @@ def time_in_place(gm: torch.fx.GraphModule, inputs: list[Any], rounds: int,
                 else:
                     args, kwargs = node_args(node, env)
                     sync()
-                    start = time.perf_counter()
+                    start = clock()
                     env[node.name] = node.target(*args, **kwargs)
                     sync()
-                    elapsed = time.perf_counter() - start
+                    elapsed = max(0.0, clock() - start - cost)
                     best[node.name] = min(best.get(node.name, float("inf")), elapsed)
                 for name in dead_after.get(i, ()):
                     env.pop(name, None)
