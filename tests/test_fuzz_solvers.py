@@ -33,6 +33,7 @@ from hiremate.solvers.protocols import menu_of, menu_pairs
 from hiremate.solvers.protocols import menu_of, menu_pairs
 from hiremate.registry import make_solver, solver_class, solver_names
 from hiremate.ir.schedule import Compute
+from hiremate.ir.simulator import step_memory_floor, step_peak
 from hiremate.ir.tracker import memory_floor
 from hiremate.solvers.menu import option_from_schedule
 
@@ -152,6 +153,9 @@ def check_flat(name: str, g, budget: int) -> str:
     assert sim.valid, f"{name}: {sim.error}"
     assert sim.peak <= budget, f"{name}: peak {sim.peak} > budget {budget}"
     assert sim.peak >= ordered_floor(g, sched)  # a lower bound for this schedule's order
+    if ordered_floor(g, sched) == memory_floor(g):  # first runs in the graph's order
+        for loss_bytes in (0, 7, HUGE):
+            assert step_peak(g, tuple(sched), loss_bytes) >= step_memory_floor(g, loss_bytes)
     return "ok"
 
 

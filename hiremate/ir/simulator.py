@@ -148,3 +148,17 @@ def autodiff_schedule(graph: Graph) -> Schedule:
         steps.append(Compute(node.id))
         steps.extend(Delete(d) for d in sorted(frees.get(node.id, ())))
     return tuple(steps)
+
+
+def step_memory_floor(graph: Graph, loss_bytes: int = 0) -> int:
+    """A lower bound on :func:`step_peak` for every schedule that runs the graph's nodes
+    first in the graph's order: :func:`hiremate.ir.tracker.memory_floor`, and the loss's step,
+    where every model output, the output gradients it produces and what the loss allocates
+    are in memory at once. A budget below it cannot be met by recomputing more."""
+    from hiremate.ir.tracker import memory_floor
+
+    if graph.loss is None:  # no loss step: nothing is known to be held at once
+        return memory_floor(graph)
+    at_loss = (sum(graph.data[o].size for o in graph.outputs)
+               + sum(d.size for d in graph.data if d.kind is DataKind.TANGENT) + loss_bytes)
+    return max(memory_floor(graph), at_loss)

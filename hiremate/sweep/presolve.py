@@ -114,10 +114,11 @@ def find_floors(spec: SweepSpec, cells: list[Any], references: dict[str, dict[st
     A one-byte solve's infeasibility error gives a budget that is guaranteed to work, but it
     is only an upper bound: it adds every reserve the solvers do not see at once. So up to
     ``spec.floor_steps`` more solves bisect between that budget and the graph's memory floor
-    (:func:`hiremate.ir.tracker.memory_floor`, below which no in-order schedule runs),
+    (:func:`hiremate.ir.simulator.step_memory_floor`, below which no in-order schedule runs),
     each feasible one lowering the floor to its predicted whole-step peak, until the bracket is
     within :data:`FLOOR_TOLERANCE`. ``floor_infeasible_bytes`` is then the highest budget found
-    infeasible (None when none was), so a report can say where the solvers' floor lies."""
+    infeasible (None when none was) and ``floor_bound_bytes`` that memory floor, so a report
+    can say where the solvers' floor lies and how far it can be from the graph's."""
     preset = spec.floor_preset
     wanted = {c.model.label: c for c in cells if c.budget is not None and c.budget.floor}
     out = dict(references)
@@ -138,10 +139,11 @@ def find_floors(spec: SweepSpec, cells: list[Any], references: dict[str, dict[st
 
 
 def _bisect_floor(cell: Any, spec: SweepSpec, out_dir: Path, preset: str) -> dict[str, Any] | None:
-    """``floor_bytes``, ``floor_infeasible_bytes`` and ``floor_solves`` of ``cell``'s model
-    (see :func:`find_floors`); None when not even the guaranteed budget is known."""
+    """``floor_bytes``, ``floor_infeasible_bytes``, ``floor_bound_bytes`` and ``floor_solves``
+    of ``cell``'s model (see :func:`find_floors`); None when not even the guaranteed budget is
+    known."""
     from hiremate.api import solve_graph
-    from hiremate.ir.tracker import memory_floor
+    from hiremate.ir.simulator import step_memory_floor
 
     overrides = sweep_overrides(spec, out_dir)
     graph = _capture(cell, spec, graph_path(out_dir, cell.model.label))
@@ -161,7 +163,8 @@ def _bisect_floor(cell: Any, spec: SweepSpec, out_dir: Path, preset: str) -> dic
         return None  # a one-byte budget can only fail; nothing known without its bound
     except _Guaranteed as bound:
         high = bound.budget
-    low, infeasible, solves = min(memory_floor(graph), high), None, 1
+    bound = step_memory_floor(graph, loss_bytes)
+    low, infeasible, solves = min(bound, high), None, 1
     for _ in range(max(0, spec.floor_steps)):
         if high - low <= FLOOR_TOLERANCE * high:
             break
@@ -174,7 +177,8 @@ def _bisect_floor(cell: Any, spec: SweepSpec, out_dir: Path, preset: str) -> dic
             high = min(high, peak, mid)
     log.info("floor of %s (%s): %d bytes; %s infeasible; %d solves", cell.model.label, preset,
              high, infeasible, solves)
-    return {"floor_bytes": int(high), "floor_infeasible_bytes": infeasible, "floor_solves": solves}
+    return {"floor_bytes": int(high), "floor_infeasible_bytes": infeasible,
+            "floor_bound_bytes": int(bound), "floor_solves": solves}
 
 
 class _Guaranteed(Exception):
