@@ -46,21 +46,27 @@ CALIBRATION_ROUNDS = 7
 
 @dataclass(frozen=True)
 class RooflineFit:
-    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved); ``scale`` and
-    ``dispatch``: how a training step relates to its ops timed one by one, ``step = scale *
-    sum(op times) + dispatch * ops``, from whole small models run eagerly. ``scale`` covers
-    what grows with the work (caches the previous ops left cold, fresh allocations),
-    ``dispatch`` what each op pays around it (Python, autograd's engine, module calls)."""
+    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved); ``scale``,
+    ``dispatch`` and ``view_op``: how a training step relates to its ops timed one by one,
+    ``step = scale * sum(times of the ops that are not views) + dispatch * those ops + view_op
+    * views``, from whole small models run eagerly. ``scale`` covers what grows with the work
+    (caches the previous ops left cold, fresh allocations), ``dispatch`` what each op pays
+    around it (Python, autograd's engine, module calls). A view timed on its own pays a Python
+    call that a step mostly does not (autograd and composite ops create views in C++), so views
+    get a cost of their own; None: the view class's coefficients, as for any class."""
 
     coefficients: dict[str, tuple[float, float, float]]
     fingerprint: dict[str, Any]
     dispatch: float = 0.0
     scale: float = 1.0
+    view_op: float | None = None
 
     def time(self, node: torch.fx.Node, flops: float | None = None) -> float:
         kind = op_class(node)
         if kind is None:
             return 0.0
+        if kind == "view" and self.view_op is not None:
+            return self.view_op
         per_op, per_flop, per_byte = self.coefficients[kind]
         count = flops_of(node) if flops is None else flops
         return self.dispatch + self.scale * (per_op + per_flop * count
@@ -68,7 +74,7 @@ class RooflineFit:
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "fingerprint": self.fingerprint, "dispatch": self.dispatch,
-                "scale": self.scale,
+                "scale": self.scale, "view_op": self.view_op,
                 "coefficients": {k: list(v) for k, v in self.coefficients.items()}}
 
     @classmethod
@@ -84,7 +90,11 @@ class RooflineFit:
         scale = float(data["scale"])
         if not scale > 0:
             raise FormatError("malformed roofline step scale")
-        return cls(coefficients, dict(data["fingerprint"]), dispatch, scale)
+        view_op = data.get("view_op")
+        if view_op is not None and not float(view_op) >= 0:
+            raise FormatError("malformed roofline view time")
+        return cls(coefficients, dict(data["fingerprint"]), dispatch, scale,
+                   None if view_op is None else float(view_op))
 
 
 def machine_fingerprint(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -252,16 +262,17 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
         coefficients[kind] = (_nnls_relative(rows, free) if len(rows) >= len(free)
                               else (per_op, 1.0 / rate, 1.0 / bandwidth))
     fit = RooflineFit(coefficients, machine_fingerprint(device, dtype))
-    scale, dispatch = _step_terms(fit, models, device)
-    return dataclasses.replace(fit, dispatch=dispatch, scale=scale)
+    scale, dispatch, view_op = _step_terms(fit, models, device)
+    return dataclasses.replace(fit, dispatch=dispatch, scale=scale, view_op=view_op)
 
 
 def _step_terms(fit: RooflineFit, models: list[tuple[Callable[..., Any], list[torch.Tensor],
                                                     torch.fx.GraphModule]],
-                device: torch.device) -> tuple[float, float]:
-    """``(scale, dispatch)`` of :class:`RooflineFit`: the fastest eager step of each small
-    model against the sum of its ops' fitted times and its op count, fitted by non-negative
-    least squares on relative error (a scale of 1 and no dispatch when nothing fits)."""
+                device: torch.device) -> tuple[float, float, float | None]:
+    """``(scale, dispatch, view_op)`` of :class:`RooflineFit`: the fastest eager step of each
+    small model against the sum of the fitted times of its ops that are not views, their
+    count and the count of views, fitted by non-negative least squares on relative error
+    (a scale of 1, no dispatch and the view class's own cost when nothing fits)."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     clock, cost = (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
     best = [float("inf")] * len(models)
@@ -275,32 +286,36 @@ def _step_terms(fit: RooflineFit, models: list[tuple[Callable[..., Any], list[to
     rows = []
     for (_, _, gm), eager in zip(models, best):
         ops = [n for n in gm.graph.nodes if n.op == "call_function" and op_class(n) is not None]
-        rows.append((sum(fit.time(n) for n in ops), float(len(ops)), eager))
+        work = [n for n in ops if op_class(n) != "view"]
+        rows.append((sum(fit.time(n) for n in work), float(len(ops) - len(work)),
+                     float(len(work)), eager))
     if not rows:
-        return 1.0, 0.0
-    _, scale, dispatch = _nnls_relative(rows, free=(1, 2))
-    return (scale, dispatch) if scale > 0 else (1.0, 0.0)
+        return 1.0, 0.0, None
+    _, scale, view_op, dispatch = _nnls_relative(rows, free=(1, 2, 3))
+    return (scale, dispatch, view_op) if scale > 0 else (1.0, 0.0, None)
 
 
-def _nnls_relative(rows: list[tuple[float, float, float]], free: tuple[int, ...] = (0, 1, 2)
-                   ) -> tuple[float, float, float]:
-    """Non-negative ``(per_op, per_flop, per_byte)`` minimising the squared *relative* error
-    of ``per_op + per_flop * flops + per_byte * bytes`` against the measured times: exact, by
-    trying every subset of the ``free`` coefficients (the others stay 0)."""
-    features = torch.tensor([[1.0, f, b] for f, b, _ in rows], dtype=torch.float64)
-    target = torch.tensor([t for _, _, t in rows], dtype=torch.float64).clamp_min(1e-9)
+def _nnls_relative(rows: list[tuple[float, ...]], free: tuple[int, ...] = (0, 1, 2)
+                   ) -> tuple[float, ...]:
+    """Non-negative coefficients ``(c0, c1, ...)`` minimising the squared *relative* error of
+    ``c0 + c1 * x1 + c2 * x2 + ...`` against ``t`` over the rows ``(x1, x2, ..., t)`` (per
+    class: ``(per_op, per_flop, per_byte)`` from ``(flops, bytes, time)``): exact, by trying
+    every subset of the ``free`` coefficients (the others stay 0)."""
+    features = torch.tensor([[1.0, *row[:-1]] for row in rows], dtype=torch.float64)
+    target = torch.tensor([row[-1] for row in rows], dtype=torch.float64).clamp_min(1e-9)
     weighted = features / target[:, None]
     scale = weighted.abs().amax(0).clamp_min(1e-30)  # columns of comparable size
     design = weighted / scale
     ones = torch.ones_like(target)
-    best, best_err = (0.0, 0.0, 0.0), float("inf")
+    width = features.shape[1]
+    best, best_err = (0.0,) * width, float("inf")
     for size in range(1, len(free) + 1):
         for subset in itertools.combinations(free, size):
             cols = list(subset)
             sol = torch.linalg.lstsq(design[:, cols], ones[:, None]).solution[:, 0]
             if (sol < 0).any():
                 continue
-            coef = torch.zeros(3, dtype=torch.float64)
+            coef = torch.zeros(width, dtype=torch.float64)
             coef[cols] = sol
             err = float(((design @ coef) - ones).square().sum())
             if err < best_err:
