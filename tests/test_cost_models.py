@@ -147,5 +147,5 @@ def test_roofline_fit_round_trips_with_its_step_terms():
     from hiremate.graphbuilder.costs.roofline import RooflineFit
 
     fit = RooflineFit({k: (1e-6, 1e-11, 1e-10) for k in OP_CLASSES}, {"processor": "x"},
-                      dispatch=2e-6, scale=1.05, view_op=1e-6)
+                      dispatch=2e-6, scale=1.05)
     assert RooflineFit.from_dict(fit.to_dict()) == fit

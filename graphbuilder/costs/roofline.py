@@ -35,7 +35,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from hiremate.errors import FormatError
 from hiremate.graphbuilder.costs.analytic import (FIXED_MACHINE, OP_CLASSES, bytes_moved,
                                                   flops_of, op_class)
-from hiremate.graphbuilder.costs.timing import cpu_clock, time_in_place
+from hiremate.graphbuilder.costs.timing import cpu_clock, time_in_place, time_nodes
 
 log = logging.getLogger(__name__)
 
@@ -46,27 +46,26 @@ CALIBRATION_ROUNDS = 7
 
 @dataclass(frozen=True)
 class RooflineFit:
-    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved); ``scale``,
-    ``dispatch`` and ``view_op``: how a training step relates to its ops timed one by one,
-    ``step = scale * sum(times of the ops that are not views) + dispatch * those ops + view_op
-    * views``, from whole small models run eagerly. ``scale`` covers what grows with the work
+    """Per class: (seconds per op, seconds per FLOP, seconds per byte moved); ``scale`` and
+    ``dispatch``: how a training step relates to its ops timed one by one, ``step = scale *
+    sum(times of the ops that are not views) + dispatch * those ops + sum(times of the
+    views)``, from whole small models run eagerly. ``scale`` covers what grows with the work
     (caches the previous ops left cold, fresh allocations), ``dispatch`` what each op pays
-    around it (Python, autograd's engine, module calls). A view timed on its own pays a Python
-    call that a step mostly does not (autograd and composite ops create views in C++), so views
-    get a cost of their own; None: the view class's coefficients, as for any class."""
+    around it (Python, autograd's engine, module calls). A view is its class's per-op time
+    alone, taken warm (back-to-back calls): most views of a step are made in C++ by autograd
+    and composite ops, without the cold Python call that timing it in place would charge."""
 
     coefficients: dict[str, tuple[float, float, float]]
     fingerprint: dict[str, Any]
     dispatch: float = 0.0
     scale: float = 1.0
-    view_op: float | None = None
 
     def time(self, node: torch.fx.Node, flops: float | None = None) -> float:
         kind = op_class(node)
         if kind is None:
             return 0.0
-        if kind == "view" and self.view_op is not None:
-            return self.view_op
+        if kind == "view":
+            return self.coefficients[kind][0]
         per_op, per_flop, per_byte = self.coefficients[kind]
         count = flops_of(node) if flops is None else flops
         return self.dispatch + self.scale * (per_op + per_flop * count
@@ -74,7 +73,7 @@ class RooflineFit:
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "fingerprint": self.fingerprint, "dispatch": self.dispatch,
-                "scale": self.scale, "view_op": self.view_op,
+                "scale": self.scale,
                 "coefficients": {k: list(v) for k, v in self.coefficients.items()}}
 
     @classmethod
@@ -90,11 +89,7 @@ class RooflineFit:
         scale = float(data["scale"])
         if not scale > 0:
             raise FormatError("malformed roofline step scale")
-        view_op = data.get("view_op")
-        if view_op is not None and not float(view_op) >= 0:
-            raise FormatError("malformed roofline view time")
-        return cls(coefficients, dict(data["fingerprint"]), dispatch, scale,
-                   None if view_op is None else float(view_op))
+        return cls(coefficients, dict(data["fingerprint"]), dispatch, scale)
 
 
 def machine_fingerprint(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -253,8 +248,11 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
     for gm, _ in programs:
         nodes_all += [n for n in gm.graph.nodes
                       if n.op == "call_function" and op_class(n) is not None]
+    warm_views = _warm_view_times(programs, device)
     for node in nodes_all:
-        samples[op_class(node)].append((flops_of(node), bytes_moved(node), times[node.name]))
+        kind = op_class(node)
+        took = warm_views[node.name] if kind == "view" else times[node.name]
+        samples[kind].append((flops_of(node), bytes_moved(node), took))
     rate, bandwidth, per_op = FIXED_MACHINE["cuda" if device.type == "cuda" else "cpu"]
     coefficients = {}
     for kind, rows in samples.items():
@@ -262,17 +260,43 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
         coefficients[kind] = (_nnls_relative(rows, free) if len(rows) >= len(free)
                               else (per_op, 1.0 / rate, 1.0 / bandwidth))
     fit = RooflineFit(coefficients, machine_fingerprint(device, dtype))
-    scale, dispatch, view_op = _step_terms(fit, models, device)
-    return dataclasses.replace(fit, dispatch=dispatch, scale=scale, view_op=view_op)
+    scale, dispatch = _step_terms(fit, models, device)
+    return dataclasses.replace(fit, dispatch=dispatch, scale=scale)
 
 
-def _step_terms(fit: RooflineFit, models: list[tuple[Callable[..., Any], list[torch.Tensor],
-                                                    torch.fx.GraphModule]],
-                device: torch.device) -> tuple[float, float, float | None]:
-    """``(scale, dispatch, view_op)`` of :class:`RooflineFit`: the fastest eager step of each
-    small model against the sum of the fitted times of its ops that are not views, their
-    count and the count of views, fitted by non-negative least squares on relative error
-    (a scale of 1, no dispatch and the view class's own cost when nothing fits)."""
+def _warm_view_times(programs: list[tuple[torch.fx.GraphModule, list[torch.Tensor]]],
+                     device: torch.device) -> dict[str, float]:
+    """The view ops of the programs, timed warm: back-to-back calls on the values one run
+    of each program made, the fastest over interleaved rounds (see :class:`RooflineFit`)."""
+    from hiremate.graphbuilder.costs.memory import node_args
+
+    nodes: list[torch.fx.Node] = []
+    env: dict[str, Any] = {}
+    with torch.no_grad():
+        for gm, plain in programs:
+            values = iter(plain)
+            for node in gm.graph.nodes:
+                if node.op == "placeholder":
+                    env[node.name] = next(values)
+                elif node.op == "call_function":
+                    args, kwargs = node_args(node, env)
+                    env[node.name] = node.target(*args, **kwargs)
+                    if op_class(node) == "view":
+                        nodes.append(node)
+    return time_nodes(nodes, env, CALIBRATION_ROUNDS, device)
+
+
+def _step_terms(fit: RooflineFit,
+                models: list[tuple[Callable[..., Any], list[torch.Tensor], torch.fx.GraphModule]],
+                device: torch.device) -> tuple[float, float]:
+    """``(scale, dispatch)`` of :class:`RooflineFit`: the fastest eager step of each small
+    model, less its views' times, against the sum of the times ``fit`` gives its other ops
+    and their count, fitted by non-negative least squares on relative error (a scale of 1 and
+    no dispatch when nothing fits). The fitted times, not the timed ones: the step terms
+    correct the whole predictor against real steps, the class fits' systematic errors on
+    small ops included. (With the timed times the dispatch comes out near zero and every
+    zoo step is under-predicted: functional programs pay less per op than modules do; see
+    docs/benchmarks.md.)"""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     clock, cost = (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
     best = [float("inf")] * len(models)
@@ -287,12 +311,12 @@ def _step_terms(fit: RooflineFit, models: list[tuple[Callable[..., Any], list[to
     for (_, _, gm), eager in zip(models, best):
         ops = [n for n in gm.graph.nodes if n.op == "call_function" and op_class(n) is not None]
         work = [n for n in ops if op_class(n) != "view"]
-        rows.append((sum(fit.time(n) for n in work), float(len(ops) - len(work)),
-                     float(len(work)), eager))
+        views = sum(fit.time(n) for n in ops if op_class(n) == "view")
+        rows.append((sum(fit.time(n) for n in work), float(len(work)), max(eager - views, 1e-9)))
     if not rows:
-        return 1.0, 0.0, None
-    _, scale, view_op, dispatch = _nnls_relative(rows, free=(1, 2, 3))
-    return (scale, dispatch, view_op) if scale > 0 else (1.0, 0.0, None)
+        return 1.0, 0.0
+    _, scale, dispatch = _nnls_relative(rows, free=(1, 2))
+    return (scale, dispatch) if scale > 0 else (1.0, 0.0)
 
 
 def _nnls_relative(rows: list[tuple[float, ...]], free: tuple[int, ...] = (0, 1, 2)
