@@ -20,6 +20,7 @@ Run::
     python bench/cost_fidelity.py --stability --cost measured unet gpt2
     python bench/cost_fidelity.py --stability --cost measured --threads 1 --busy 2 unet gpt2
     python bench/cost_fidelity.py --json hf-gpt2 hf-llama hf-bert
+    python bench/cost_fidelity.py --time-only --threads 1 --rounds 15   # predicted vs eager step
 
 Prints a Markdown table (``--json``: one object per line). Results: docs/benchmarks.md.
 """
@@ -85,7 +86,8 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var if var else 1.0
 
 
-def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int) -> dict[str, Any]:
+def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int,
+                  time_only: bool = False) -> dict[str, Any]:
     from hiremate.api import HRockmate
     from hiremate.ir.budget import resolve_budget
     from hiremate.ir.simulator import simulate
@@ -103,7 +105,10 @@ def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int) -> 
     run_autodiff = hiremate.measure(plain, *args, loss_fn=loss_fn, repeats=rounds, **kwargs)
     row.update(predicted_step_ms=autodiff.time * 1e3, eager_step_ms=min(eager.times) * 1e3,
                executor_step_ms=min(run_autodiff.times) * 1e3,
+               predicted_over_eager=autodiff.time / min(eager.times),
                autodiff_predicted_peak=autodiff.peak, eager_peak=eager.peak)
+    if time_only:
+        return row
     try:
         remat = HRockmate.from_graph(model, graph, budget, sample=sample, calibrate=0, cache=False,
                                      loss_fn=loss_fn)
@@ -147,6 +152,8 @@ def main() -> None:
                         help="processes that keep a core busy during the second build")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (1: ops timed in thread CPU time)")
+    parser.add_argument("--time-only", action="store_true",
+                        help="the time columns alone (no solve at --budget, no peak columns)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.threads is not None:
@@ -155,7 +162,7 @@ def main() -> None:
     rows = []
     for name in names:
         row = (stability(name, args.cost, args.busy) if args.stability
-               else peak_and_time(name, args.cost, args.budget, args.rounds))
+               else peak_and_time(name, args.cost, args.budget, args.rounds, args.time_only))
         rows.append(row)
         if args.json:
             print(json.dumps(row), flush=True)
