@@ -10,6 +10,8 @@ their default arguments, as in ``tests/capture_zoo.py``):
   pre-forward level), their ratio and the measured peak over the budget;
 - ``time``: the graph's predicted autodiff step (sum of node times) against eager PyTorch's
   measured step (fastest of ``--rounds``) and the executor's step for the autodiff schedule;
+- with ``--fit-stability N``: two roofline fits, the second beside ``N`` busy processes, and
+  every model's predicted step under each;
 - with ``--stability``: the graph built twice with ``--cost``, the second time beside
   ``--busy`` processes that keep a core busy each; the Spearman rank correlation of the two node-time vectors
   and the ratio of their totals.
@@ -21,6 +23,7 @@ Run::
     python bench/cost_fidelity.py --stability --cost measured --threads 1 --busy 2 unet gpt2
     python bench/cost_fidelity.py --json hf-gpt2 hf-llama hf-bert
     python bench/cost_fidelity.py --time-only --threads 1 --rounds 15   # predicted vs eager step
+    python bench/cost_fidelity.py --fit-stability 2 --threads 1         # roofline fit under load
 
 Prints a Markdown table (``--json``: one object per line). Results: docs/benchmarks.md.
 """
@@ -141,6 +144,42 @@ def stability(name: str, cost: str, busy_processes: int = 1) -> dict[str, Any]:
             "total_busy_ms": sum(b) * 1e3, "busy_over_quiet": sum(b) / sum(a)}
 
 
+def fit_stability(busy_processes: int, names: list[str]) -> list[dict[str, Any]]:
+    """Two roofline fits on this machine (at the current thread count), the second beside
+    ``busy_processes`` processes that keep a core busy each, and every model's predicted
+    eager step (sum of node times) under each fit."""
+    import tempfile
+
+    from hiremate.graphbuilder.costs import roofline
+    from hiremate.ir.simulator import simulate
+
+    fits = []
+    for busy in (0, busy_processes):
+        procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
+        try:
+            time.sleep(0.5 if busy else 0.0)
+            fits.append(roofline.calibrate(torch.device("cpu"), torch.float32))
+        finally:
+            for process in procs:
+                process.kill()
+                process.wait()
+    rows = []
+    for name in names:
+        model, sample, _ = build_model(name)
+        totals = []
+        for fit in fits:
+            with tempfile.TemporaryDirectory() as cache:
+                path = roofline.fit_path(Path(cache), fit.fingerprint)
+                path.parent.mkdir(parents=True)
+                path.write_text(json.dumps(fit.to_dict()))
+                graph = hiremate.build_graph(model, sample, cost_model="roofline",
+                                             cache_dir=cache)
+            totals.append(simulate(graph, hiremate.autodiff_schedule(graph)).time)
+        rows.append({"model": name, "busy": busy_processes, "quiet_fit_step_ms": totals[0] * 1e3,
+                     "busy_fit_step_ms": totals[1] * 1e3, "busy_over_quiet": totals[1] / totals[0]})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="*", help="zoo names or hf-gpt2, hf-llama, hf-bert")
@@ -152,6 +191,9 @@ def main() -> None:
                         help="processes that keep a core busy during the second build")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads (1: ops timed in thread CPU time)")
+    parser.add_argument("--fit-stability", type=int, default=None, metavar="N",
+                        help="two roofline fits, the second beside N busy processes; each "
+                             "model's predicted step under both")
     parser.add_argument("--time-only", action="store_true",
                         help="the time columns alone (no solve at --budget, no peak columns)")
     parser.add_argument("--json", action="store_true")
@@ -160,6 +202,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     names = args.models or [*zoo.names(), *HF_MODELS]
     rows = []
+    if args.fit_stability is not None:
+        names = []
+        rows = fit_stability(args.fit_stability, args.models or zoo.names())
+        if args.json:
+            for row in rows:
+                print(json.dumps(row), flush=True)
     for name in names:
         row = (stability(name, args.cost, args.busy) if args.stability
                else peak_and_time(name, args.cost, args.budget, args.rounds, args.time_only))
