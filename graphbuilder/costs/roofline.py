@@ -39,7 +39,7 @@ from hiremate.graphbuilder.costs.timing import cpu_clock, time_in_place, time_no
 
 log = logging.getLogger(__name__)
 
-FORMAT = 7  # 7: CPU times are thread CPU time with one intra-op thread (timing.cpu_clock)
+FORMAT = 7  # 7: thread CPU time at one intra-op thread, warm views, the step's scale
 #: interleaved timing rounds of the calibration programs
 CALIBRATION_ROUNDS = 7
 
