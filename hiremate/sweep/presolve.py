@@ -152,17 +152,17 @@ def _bisect_floor(cell: Any, spec: SweepSpec, out_dir: Path, preset: str) -> dic
     def feasible_peak(budget: int) -> int | None:
         try:
             result = solve_graph(graph, budget, preset, loss_bytes, **overrides)
-        except InfeasibleBudgetError as exc:
-            if budget == 1 and exc.min_budget is not None:
-                raise _Guaranteed(int(exc.min_budget)) from exc
+        except InfeasibleBudgetError:
             return None
         return int(result.report.get("predicted_peak", budget))
 
-    try:
-        feasible_peak(1)
-        return None  # a one-byte budget can only fail; nothing known without its bound
-    except _Guaranteed as bound:
-        high = bound.budget
+    try:  # a one-byte budget always fails; its error names a budget that works
+        solve_graph(graph, 1, preset, loss_bytes, **overrides)
+        return None
+    except InfeasibleBudgetError as exc:
+        if exc.min_budget is None:
+            return None
+        high = int(exc.min_budget)
     bound = step_memory_floor(graph, loss_bytes)
     low, infeasible, solves = min(bound, high), None, 1
     for _ in range(max(0, spec.floor_steps)):
@@ -179,14 +179,6 @@ def _bisect_floor(cell: Any, spec: SweepSpec, out_dir: Path, preset: str) -> dic
              high, infeasible, solves)
     return {"floor_bytes": int(high), "floor_infeasible_bytes": infeasible,
             "floor_bound_bytes": int(bound), "floor_solves": solves}
-
-
-class _Guaranteed(Exception):
-    """The budget that a one-byte solve's infeasibility error guarantees."""
-
-    def __init__(self, budget: int):
-        super().__init__(budget)
-        self.budget = budget
 
 
 def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, Any]],
