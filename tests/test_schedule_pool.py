@@ -16,8 +16,11 @@ from hiremate.ir.simulator import SimulationResult, autodiff_schedule
 from hiremate.testing.synthetic import chain_graph, random_graph
 from test_registry import residual_chain
 
+# H-ILP stopped by its work limit, never by the wall-clock cap (a safety net far above the
+# usual solve): under load a 2 s cap left only one budget feasible in CI
 FAST = {"progress": False, "n_jobs": 1,
-        "solver_params": {"hilp": {"time_limit": 2.0}, "rk-rotor": {"slots": 100}}}
+        "solver_params": {"hilp": {"work_limit": 500, "time_limit": 60.0},
+                          "rk-rotor": {"slots": 100}}}
 
 
 def _sim(peak: int, time: float) -> SimulationResult:
