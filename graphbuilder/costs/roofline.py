@@ -35,7 +35,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from hiremate.errors import FormatError
 from hiremate.graphbuilder.costs.analytic import (FIXED_MACHINE, OP_CLASSES, bytes_moved,
                                                   flops_of, op_class)
-from hiremate.graphbuilder.costs.timing import cpu_clock, time_in_place, time_nodes
+from hiremate.graphbuilder.costs.timing import device_clock, time_in_place, time_nodes
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def _step_terms(fit: RooflineFit,
     zoo step is under-predicted: functional programs pay less per op than modules do; see
     docs/benchmarks.md.)"""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    clock, cost = (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
+    clock, cost = device_clock(device)
     best = [float("inf")] * len(models)
     for _ in range(CALIBRATION_ROUNDS + 1):  # interleaved; the first round warms up
         for i, (fn, inputs, _) in enumerate(models):

@@ -60,6 +60,11 @@ def cpu_clock() -> tuple[Callable[[], float], float]:
     return clock, _clock_cost(clock)
 
 
+def device_clock(device: torch.device) -> tuple[Callable[[], float], float]:
+    """:func:`cpu_clock` on the CPU; on a GPU wall time around synchronised calls, free."""
+    return (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
+
+
 @functools.lru_cache(maxsize=None)
 def _clock_cost(clock: Callable[[], float]) -> float:
     """The fastest of many empty intervals of ``clock``: what one start/stop pair costs."""
@@ -164,7 +169,7 @@ def in_situ_overhead(gm: torch.fx.GraphModule, inputs: list[Any], nodes: list[to
     replayable.recompile()
     flat = pytree.tree_leaves(inputs)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    clock, cost = (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
+    clock, cost = device_clock(device)
     samples = []
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -206,7 +211,7 @@ def time_in_place(gm: torch.fx.GraphModule, inputs: list[Any], rounds: int,
         dead_after.setdefault(i, []).append(name)
     flat = pytree.tree_leaves(inputs)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    clock, cost = (time.perf_counter, 0.0) if device.type == "cuda" else cpu_clock()
+    clock, cost = device_clock(device)
     best: dict[str, float] = {}
     gc_was_enabled = gc.isenabled()
     gc.disable()

@@ -19,7 +19,7 @@ from typing import Iterable
 from hiremate.errors import InvalidScheduleError
 from hiremate.ir.graph import DataKind, Graph
 from hiremate.ir.schedule import Compute, Delete, Schedule
-from hiremate.ir.tracker import MemoryTracker, Trace
+from hiremate.ir.tracker import MemoryTracker, Trace, memory_floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +155,6 @@ def step_memory_floor(graph: Graph, loss_bytes: int = 0) -> int:
     first in the graph's order: :func:`hiremate.ir.tracker.memory_floor`, and the loss's step,
     where every model output, the output gradients it produces and what the loss allocates
     are in memory at once. A budget below it cannot be met by recomputing more."""
-    from hiremate.ir.tracker import memory_floor
-
     if graph.loss is None:  # no loss step: nothing is known to be held at once
         return memory_floor(graph)
     at_loss = (sum(graph.data[o].size for o in graph.outputs)
