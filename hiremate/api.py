@@ -134,7 +134,7 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
     # the most the solvers do not see: the loss, the output gradients autograd holds through
     # the backward, every random op's state and an interrupted one; the solvers' lowest budget
     # plus this always works (solved with all of it reserved)
-    tangents = sum(d.size for d in graph.data if d.kind is DataKind.TANGENT)
+    tangents = graph.tangent_bytes
     full = loss_bytes + tangents + (per_state * (randoms + 1) if randoms else 0)
     reserves = [0]
     result = None
@@ -267,7 +267,7 @@ class HRockmate(ModelWrapper):
         gradients the graph counts: measured by running ``loss_fn`` on the model's outputs
         when one was given, else the size of the differentiable outputs (a loss such as
         cross-entropy or a squared error keeps one tensor like its input for its backward)."""
-        grads = sum(d.size for d in graph.data if d.kind is DataKind.TANGENT)
+        grads = graph.tangent_bytes
         if self._loss_fn is None or sample is None:
             return int(grads)
         from hiremate.runtime.measurement import loss_memory

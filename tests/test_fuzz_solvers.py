@@ -19,6 +19,7 @@ per solver on graphs of up to 12 ops.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,10 +31,9 @@ from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.testing.fuzzgraphs import HUGE, FuzzOp, FuzzSpec, graph_from_spec
 from hiremate.composer.menus import menu_budgets
 from hiremate.solvers.protocols import menu_of, menu_pairs
-from hiremate.solvers.protocols import menu_of, menu_pairs
 from hiremate.registry import make_solver, solver_class, solver_names
 from hiremate.ir.schedule import Compute
-from hiremate.ir.simulator import step_memory_floor, step_peak
+from hiremate.ir.simulator import gradients_once_floor, step_memory_floor, step_peak
 from hiremate.ir.tracker import memory_floor
 from hiremate.solvers.menu import option_from_schedule
 
@@ -153,10 +153,31 @@ def check_flat(name: str, g, budget: int) -> str:
     assert sim.valid, f"{name}: {sim.error}"
     assert sim.peak <= budget, f"{name}: peak {sim.peak} > budget {budget}"
     assert sim.peak >= ordered_floor(g, sched)  # a lower bound for this schedule's order
-    if ordered_floor(g, sched) == memory_floor(g):  # first runs in the graph's order
-        for loss_bytes in (0, 7, HUGE):
-            assert step_peak(g, tuple(sched), loss_bytes) >= step_memory_floor(g, loss_bytes)
+    check_step_floors(name, g, sched)
     return "ok"
+
+
+def gradients_made_once(g, sched) -> bool:
+    """Every backward node runs once: the premise of ``gradients_once_floor``."""
+    runs = Counter(s.node for s in sched if isinstance(s, Compute) and g.nodes[s.node].is_bwd)
+    return max(runs.values(), default=1) == 1
+
+
+def check_step_floors(name: str, g, sched) -> None:
+    """The whole-step floors bound the schedule's step peak where their premises hold: first
+    runs in the graph's order, and for ``gradients_once_floor`` each gradient made once, which
+    every solver but H-ILP (it may recompute a gradient) guarantees."""
+    once = gradients_made_once(g, sched)
+    assert once or name in ILP or name.startswith("hiremate"), f"{name} recomputes a gradient"
+    if ordered_floor(g, sched) != memory_floor(g):
+        return
+    first_runs = list(dict.fromkeys(s.node for s in sched if isinstance(s, Compute)))
+    in_order = first_runs == sorted(first_runs)  # FastSA may reorder backward nodes too
+    for loss_bytes in (0, 7, HUGE):
+        peak = step_peak(g, tuple(sched), loss_bytes)
+        assert peak >= step_memory_floor(g, loss_bytes), name
+        if once and in_order:
+            assert peak >= gradients_once_floor(g, loss_bytes), name
 
 
 def ordered_floor(g, sched) -> int:
@@ -195,6 +216,7 @@ def check_menu(name: str, g, extra: list[int]) -> int:
         sched = tuple(opt.fwd) + (Compute(g.loss),) + tuple(opt.bwd)
         sim = hiremate.simulate(g, sched)
         assert sim.valid, f"{name} menu option: {sim.error}"
+        assert gradients_made_once(g, sched) or name in ILP, f"{name} recomputes a gradient"
         assert sim.peak <= allowed, f"{name} option peaks at {sim.peak} > {allowed}"
         again = option_from_schedule(g, sched)
         assert (opt.fwd_peak, opt.bwd_peak, opt.phantom) == (
@@ -217,6 +239,7 @@ def check_top(name: str, g, budget: int) -> str:
     sim = hiremate.simulate(g, result.schedule)
     assert sim.valid, f"{name}: {sim.error}"
     assert sim.peak <= max(budget, 1)
+    check_step_floors(f"hiremate/{name}", g, result.schedule)
     return "ok"
 
 

@@ -284,6 +284,9 @@ def test_floor_budget_is_the_lowest_the_first_preset_meets(tmp_path, steps):
     assert cell["budget_fraction"] == pytest.approx(cell["budget_bytes"] / cell["eager_peak"])
     assert cell["budget_bytes"] < outcome.store.cells["mlp-L2-W32|0.9|rotor"]["budget_bytes"]
     below = cell["extra"]["floor_infeasible_bytes"]
+    # rotor makes each gradient once: its floor is at least that of such schedules
+    bound, once = cell["extra"]["floor_bound_bytes"], cell["extra"]["floor_once_bytes"]
+    assert bound <= once <= cell["predicted_peak"]
     if steps == 0:
         assert cell["budget_bytes"] == guaranteed and below is None
         assert cell["extra"]["floor_solves"] == 1

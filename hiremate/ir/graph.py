@@ -231,6 +231,12 @@ class Graph:
         """Data that must be alive at the end: parameter and input gradients."""
         return tuple(d.id for d in self._data if d.kind in FINAL_KINDS)
 
+    @property
+    def tangent_bytes(self) -> int:
+        """Bytes of the output gradients autograd hands in: held from the loss step on, so every
+        whole-step figure (floors, reserves, the loss's own memory) adds them."""
+        return sum(d.size for d in self._data if d.kind is DataKind.TANGENT)
+
     def total_time(self) -> float:
         """Sum of the compute times: the time of one store-everything iteration."""
         return math.fsum(n.time for n in self._nodes)

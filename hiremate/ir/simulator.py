@@ -151,12 +151,42 @@ def autodiff_schedule(graph: Graph) -> Schedule:
 
 
 def step_memory_floor(graph: Graph, loss_bytes: int = 0) -> int:
-    """A lower bound on :func:`step_peak` for every schedule that runs the graph's nodes
-    first in the graph's order: :func:`hiremate.ir.tracker.memory_floor`, and the loss's step,
-    where every model output, the output gradients it produces and what the loss allocates
-    are in memory at once. A budget below it cannot be met by recomputing more."""
+    """A lower bound on :func:`step_peak` for every schedule that runs the graph's nodes first
+    in the graph's order: :func:`hiremate.ir.tracker.memory_floor`, and the loss's step, where
+    every model output, the output gradients it produces and what the loss allocates are in
+    memory at once. A budget below it cannot be met by recomputing more."""
     if graph.loss is None:  # no loss step: nothing is known to be held at once
         return memory_floor(graph)
-    at_loss = (sum(graph.data[o].size for o in graph.outputs)
-               + sum(d.size for d in graph.data if d.kind is DataKind.TANGENT) + loss_bytes)
+    at_loss = sum(graph.data[o].size for o in graph.outputs) + graph.tangent_bytes + loss_bytes
     return max(memory_floor(graph), at_loss)
+
+
+def gradients_once_floor(graph: Graph, loss_bytes: int = 0) -> int:
+    """:func:`step_memory_floor` for the schedules that also make each gradient once (run every
+    backward node once), as every hiremate solver but H-ILP does (H-ILP may recompute one).
+
+    While backward node ``b`` runs, its inputs, outputs and overhead, the model outputs and
+    every gradient produced before ``b`` and read after it (or kept to the end) are in memory:
+    a gradient freed early could only come back by running its producer again. A residual
+    block's skip gradient, held while the branch's backward runs, is the usual one. A schedule
+    that recomputes gradients can go below this figure, but never below
+    :func:`step_memory_floor`."""
+    floor = step_memory_floor(graph, loss_bytes)
+    if graph.loss is None:
+        return floor
+    counted = [d.size if d.counted else 0 for d in graph.data]
+    nodes = graph.nodes
+    finals = set(graph.final_data)
+    spans: list[tuple[int, int, int]] = []  # (producer, last node that needs it, gradient)
+    for d in graph.data:
+        p = d.producer
+        if p is None or nodes[p].is_fwd or not counted[d.id]:
+            continue
+        users = graph.users(d.id)
+        spans.append((p, len(nodes) if d.id in finals else (users[-1] if users else p), d.id))
+    outs = set(graph.outputs)
+    for node in nodes:
+        if node.is_bwd:
+            held = set(node.inputs) | outs | {d for p, stop, d in spans if p < node.id < stop}
+            floor = max(floor, MemoryTracker(graph, alive=held, sizes=counted).during(node.id))
+    return floor

@@ -89,7 +89,6 @@ def loss_bytes_of(cell: Any, spec: SweepSpec, graph: Graph) -> int:
     """What the sweep's loss (``zoo.output_loss``) allocates beyond the output gradients, as
     the cells' :class:`hiremate.HRockmate` measures it, so that presolved schedules and floors
     are those of the whole step the cells run."""
-    from hiremate.ir.graph import DataKind
     from hiremate.runtime.measurement import loss_memory
     from hiremate.sweep.runner import _to_device, resolve_device
     from hiremate.zoo import output_loss
@@ -98,7 +97,7 @@ def loss_bytes_of(cell: Any, spec: SweepSpec, graph: Graph) -> int:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model, sample = cell.model.build(spec.torch_dtype())
-        grads = sum(d.size for d in graph.data if d.kind is DataKind.TANGENT)
+        grads = graph.tangent_bytes
         return int(loss_memory(model.to(device), _to_device(sample, device), output_loss, grads))
 
 
@@ -139,11 +138,12 @@ def find_floors(spec: SweepSpec, cells: list[Any], references: dict[str, dict[st
 
 
 def _bisect_floor(cell: Any, spec: SweepSpec, out_dir: Path, preset: str) -> dict[str, Any] | None:
-    """``floor_bytes``, ``floor_infeasible_bytes``, ``floor_bound_bytes`` and ``floor_solves``
-    of ``cell``'s model (see :func:`find_floors`); None when not even the guaranteed budget is
-    known."""
+    """``floor_bytes``, ``floor_infeasible_bytes``, ``floor_bound_bytes``,
+    ``floor_once_bytes`` (:func:`hiremate.ir.simulator.gradients_once_floor`: the bound for
+    schedules that make each gradient once) and ``floor_solves`` of ``cell``'s model (see
+    :func:`find_floors`); None when not even the guaranteed budget is known."""
     from hiremate.api import solve_graph
-    from hiremate.ir.simulator import step_memory_floor
+    from hiremate.ir.simulator import gradients_once_floor, step_memory_floor
 
     overrides = sweep_overrides(spec, out_dir)
     graph = _capture(cell, spec, graph_path(out_dir, cell.model.label))
@@ -178,7 +178,9 @@ def _bisect_floor(cell: Any, spec: SweepSpec, out_dir: Path, preset: str) -> dic
     log.info("floor of %s (%s): %d bytes; %s infeasible; %d solves", cell.model.label, preset,
              high, infeasible, solves)
     return {"floor_bytes": int(high), "floor_infeasible_bytes": infeasible,
-            "floor_bound_bytes": int(bound), "floor_solves": solves}
+            "floor_bound_bytes": int(bound),
+            "floor_once_bytes": int(gradients_once_floor(graph, loss_bytes)),
+            "floor_solves": solves}
 
 
 def presolve(spec: SweepSpec, cells: list[Any], references: dict[str, dict[str, Any]],

@@ -166,8 +166,10 @@ def run_cell(cell: Cell, spec: SweepSpec, reference: dict[str, Any] | None,
     if cell.budget is not None and cell.budget.floor and reference is not None:
         # where the floor search left its bracket: the floor lies above the highest budget
         # it found infeasible (None: none was) and at most at this cell's budget; no in-order
-        # schedule goes below floor_bound_bytes
-        for key in ("floor_infeasible_bytes", "floor_bound_bytes", "floor_solves"):
+        # schedule goes below floor_bound_bytes, none that makes each gradient once below
+        # floor_once_bytes
+        for key in ("floor_infeasible_bytes", "floor_bound_bytes", "floor_once_bytes",
+                    "floor_solves"):
             if key in reference:
                 rec["extra"][key] = reference[key]
     rec["cell_time"] = time.perf_counter() - start
