@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hiremate
 from hiremate import Compute, Delete, DataKind, InvalidScheduleError, autodiff_schedule, simulate
+from hiremate.ir.simulator import gradients_once_floor, step_memory_floor, step_peak
 from hiremate.testing.synthetic import chain_graph, random_graph
 
 
@@ -203,10 +206,8 @@ def test_trace_is_cheap_unless_asked():
     assert max(traced.trace.during) == plain.peak
 
 
-class _Residual(__import__("torch").nn.Module):
+class _Residual(torch.nn.Module):
     def __init__(self) -> None:
-        import torch
-
         super().__init__()
         self.stem = torch.nn.Linear(64, 64)
         self.branch = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(),
@@ -222,11 +223,6 @@ def test_gradients_once_floor_holds_the_skip_gradient():
     """While the residual branch's backward runs, the skip connection's gradient waits for the
     sum at the branch's input: a schedule that makes each gradient once holds it, so the floor
     of such schedules is above the plain floor and still below the store-all step peak."""
-    import torch
-
-    import hiremate
-    from hiremate.ir.simulator import gradients_once_floor, step_memory_floor, step_peak
-
     torch.manual_seed(0)
     graph = hiremate.build_graph(_Residual(), (torch.randn(32, 64),), cost_model="flops")
     plain, once = step_memory_floor(graph), gradients_once_floor(graph)
