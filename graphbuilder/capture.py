@@ -228,6 +228,21 @@ def plain_checkpoints(model_name: str, announce: bool = True) -> Iterator[None]:
                          "wraps (hiremate's schedule decides what to recompute)", model_name)
 
 
+def _distinct(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` with every repeat of one tensor object replaced by a copy. Tracing turns each
+    input into a fake tensor memoised by identity, so a sample that passes one tensor twice
+    (``model(input_ids, labels=input_ids)``, the Hugging Face idiom) would become one graph
+    input read in both places, and every later call would use the first argument for both."""
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        if id(t) in seen:
+            t = t.detach().clone().requires_grad_(t.requires_grad)
+        seen.add(id(t))
+        out.append(t)
+    return out
+
+
 def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple,
                  kwargs: dict, path: str) -> JointCapture:
     from torch._functorch._aot_autograd.logging_utils import (
@@ -247,7 +262,7 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
     leaves, in_spec = pytree.tree_flatten_with_path((args, kwargs))
     tensor_pos = [i for i, (_, v) in enumerate(leaves) if isinstance(v, torch.Tensor)]
     constants = {i: v for i, (_, v) in enumerate(leaves) if not isinstance(v, torch.Tensor)}
-    input_tensors = [leaves[i][1] for i in tensor_pos]
+    input_tensors = _distinct([leaves[i][1] for i in tensor_pos])
     input_paths = [pytree.keystr(leaves[i][0]) for i in tensor_pos]
     needs_grad = [t.requires_grad and t.is_floating_point() for t in input_tensors]
     spec = pytree.tree_structure((args, kwargs))

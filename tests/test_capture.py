@@ -215,6 +215,26 @@ def test_hugging_face_causal_lm_with_default_arguments():
     torch.testing.assert_close(out.logits, model(input_ids=ids).logits, rtol=1e-12, atol=0)
 
 
+def test_one_tensor_passed_twice_stays_two_inputs():
+    """``model(input_ids=ids, labels=ids)`` is how Hugging Face documents a causal LM's loss.
+    The sample's one tensor in two places must still be two graph inputs: while tracing made
+    them one, later calls took their labels from ``input_ids``."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2,
+                                     n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).double()
+    ids = torch.randint(0, 64, (2, 8))
+    sample = {"input_ids": ids, "labels": ids}
+    graph = hiremate.build_graph(model, sample, cost_model="flops")
+    assert len(graph.meta["input_paths"]) == 2
+    remat = RematModule(model, graph, hiremate.autodiff_schedule(graph), sample=sample)
+    labels = ids.roll(1, dims=1)
+    torch.testing.assert_close(remat(input_ids=ids, labels=labels).loss,
+                               model(input_ids=ids, labels=labels).loss, rtol=1e-12, atol=0)
+
+
 class NumpyNoise(nn.Module):
     def __init__(self):
         super().__init__()
