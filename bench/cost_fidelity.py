@@ -104,7 +104,7 @@ def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int,
     eager = hiremate.measure(model, *args, loss_fn=loss_fn, repeats=rounds, **kwargs)
     autodiff = simulate(graph, hiremate.autodiff_schedule(graph))
     plain = HRockmate.from_graph(model, graph, 1.0, sample=sample, calibrate=0, cache=False,
-                                 loss_fn=loss_fn)
+                                 loss_fn=loss_fn, capture_loss=False)
     run_autodiff = hiremate.measure(plain, *args, loss_fn=loss_fn, repeats=rounds, **kwargs)
     row.update(predicted_step_ms=autodiff.time * 1e3, eager_step_ms=min(eager.times) * 1e3,
                executor_step_ms=min(run_autodiff.times) * 1e3,
@@ -114,7 +114,7 @@ def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int,
         return row
     try:
         remat = HRockmate.from_graph(model, graph, budget, sample=sample, calibrate=0, cache=False,
-                                     loss_fn=loss_fn)
+                                     loss_fn=loss_fn, capture_loss=False)
     except hiremate.InfeasibleBudgetError as exc:
         row.update(budget=budget, status=f"infeasible ({exc.min_budget} bytes needed)")
         return row

@@ -41,6 +41,7 @@ from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, Infe
                              InputMismatchError)
 from hiremate.ir.graph import DataKind, Graph
 from hiremate.graphbuilder.capture import normalise_sample
+from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
@@ -193,13 +194,22 @@ class HRockmate(ModelWrapper):
 
     The budget bounds the whole training step above the memory allocated before the forward
     (parameters and their gradients aside): the forward, the user's loss and the backward.
-    The loss runs outside the module, so its memory is accounted for, not scheduled: with
-    ``loss_fn`` (the function the training loop applies to the output) it is measured once
-    at build (the loss run on the model's outputs and differentiated back to them); without
-    it, the loss is taken to keep one tensor the size of the differentiable outputs besides
-    their gradients (cross-entropy keeps its log-softmax, a squared error its residual). The
-    gradients of the outputs that the loss hands to the backward are counted by the graph.
-    The random-generator states kept to rerun random ops are counted as well.
+
+    - With ``loss_fn`` (``(output) -> loss``, or ``(output, target) -> loss`` given
+      ``target=``, the sample's target), the loss is captured into the graph with the model
+      and scheduled with it (:mod:`hiremate.runtime.loss_step`): a call returns the scalar loss,
+      ``wrapped(*inputs, target=y)`` (or ``wrapped(*inputs)`` without a target), ready for
+      ``.backward()``. Targets are call arguments; a loss that reads tensors from elsewhere is
+      refused, since the capture would freeze them.
+    - With ``loss_fn`` and ``capture_loss=False``, a call returns the model's outputs, the loop
+      applies ``loss_fn`` to them, and what the loss allocates is measured once at build (the
+      loss run on the model's outputs and differentiated back to them) and reserved.
+    - Without ``loss_fn``, the loss is taken to need two tensors the size of the
+      differentiable outputs besides their gradients (cross-entropy's log-softmax and its
+      gradient, a squared error's residual and its scaled copy), and that is reserved.
+
+    The gradients of the outputs that the loss hands to the backward are counted by the graph,
+    and so are the random-generator states kept to rerun random ops.
 
     Building leaves ``model`` as it was: parameters, buffers, ``.grad`` and the global RNG
     states (:func:`hiremate.runtime.preserve.preserved` around the whole build). A call with inputs of
@@ -219,25 +229,49 @@ class HRockmate(ModelWrapper):
 
     def __init__(self, model: torch.nn.Module, sample: Any, budget: int | float | str,
                  config: str | Path | dict | Config | None = "hiremate", *,
-                 loss_fn: Callable[[Any], torch.Tensor] | None = None, **overrides: Any):
+                 loss_fn: Callable[..., torch.Tensor] | None = None, target: Any = None,
+                 capture_loss: bool = True, **overrides: Any):
         super().__init__()
         cfg = load_config(config, **overrides)
         if budget is None:
             raise ConfigError("HRockmate needs a budget: bytes, '512MiB', or a fraction (0.5)")
         resolve_budget(budget, reference=1)  # a malformed budget fails before the capture
-        self._init_state(budget, loss_fn)
-        with preserved(model):
-            built = self._build(model, cfg, sample, budget)
+        self._init_state(budget, loss_fn, model, target, capture_loss)
+        step = self._loss_step
+        if step is not None:
+            sample = step.step_inputs(sample, *(() if target is None else (target,)))
+        try:
+            with preserved(model if step is None else step):
+                built = self._build(model if step is None else step, cfg, sample, budget)
+        except GraphCaptureError as exc:
+            if step is not None and step.output_error is not None:
+                raise step.output_error from exc
+            raise
+        if step is not None:  # the report names the loss the graph holds
+            built.report["loss_captured"] = True
         self._adopt(model, built, cfg)
 
     def _init_state(self, budget: int | float | str,
-                    loss_fn: Callable[[Any], torch.Tensor] | None = None) -> None:
-        if loss_fn is not None and not callable(loss_fn):
+                    loss_fn: Callable[..., torch.Tensor] | None = None,
+                    model: torch.nn.Module | None = None, target: Any = None,
+                    capture_loss: bool = False) -> None:
+        if target is not None and (loss_fn is None or not capture_loss):
+            raise ConfigError("target= is the sample target of a captured loss_fn; pass "
+                              "loss_fn=(output, target) -> loss with it (and capture_loss=True)")
+        step = None
+        if loss_fn is not None and capture_loss:
+            check_loss_fn(loss_fn, model, target is not None)
+            step = LossStep(model, loss_fn)
+        elif loss_fn is not None and not callable(loss_fn):
             raise ConfigError(f"loss_fn must be callable (output -> scalar loss), got "
                               f"{type(loss_fn).__name__}")
         # the budget as the user wrote it: a fraction is resolved again for every new shape
         self._budget_arg = budget
         self._loss_fn = loss_fn
+        # the model and the loss as one module, when the loss is captured (else None); kept
+        # off the module tables, which become the model's
+        self._own("_loss_step", step)
+        self._has_target = target is not None
         self.recaptures = 0
         # keyed by the module itself (hashed by identity), so that copies and pickles of this
         # module keep each report with its copied variant
@@ -265,11 +299,14 @@ class HRockmate(ModelWrapper):
     def _loss_bytes(self, model: torch.nn.Module, graph: Graph, sample: Any) -> int:
         """What the loss allocates between the forward and the backward beyond the output
         gradients the graph counts: measured by running ``loss_fn`` on the model's outputs
-        when one was given, else the size of the differentiable outputs (a loss such as
-        cross-entropy or a squared error keeps one tensor like its input for its backward)."""
+        when one was given, else twice the size of the differentiable outputs: at the start
+        of its backward, cross-entropy holds its log-softmax and that tensor's gradient, a
+        squared error its residual and the residual's scaled copy, each the output's size."""
         grads = graph.tangent_bytes
+        if self._loss_step is not None:  # the loss is in the graph; its gradient is a scalar
+            return 0
         if self._loss_fn is None or sample is None:
-            return int(grads)
+            return 2 * int(grads)
         from hiremate.runtime.measurement import loss_memory
 
         return int(loss_memory(model, sample, self._loss_fn, grads))
@@ -289,7 +326,7 @@ class HRockmate(ModelWrapper):
         start = time.perf_counter()
         limit = budget * (1 + tolerance)
         target = budget
-        loss_fn = self._loss_fn
+        loss_fn = None if self._loss_step is not None else self._loss_fn
         tried = [(first, measure(first.executor, *args, loss_fn=loss_fn, repeats=1, warmup=0,
                                  **kwargs).peak)]
         for _ in range(cfg.calibrate):
@@ -333,8 +370,15 @@ class HRockmate(ModelWrapper):
     def from_graph(cls, model: torch.nn.Module, graph: Graph, budget: int | float | str,
                    config: str | Path | dict | Config | None = "hiremate", sample: Any = None,
                    *, loss_fn: Callable[[Any], torch.Tensor] | None = None,
-                   **overrides: Any) -> "HRockmate":
-        """Like the constructor, on a graph already captured from ``model`` (no capture)."""
+                   capture_loss: bool = True, **overrides: Any) -> "HRockmate":
+        """Like the constructor, on a graph already captured from ``model`` (no capture). The
+        graph is the model's alone, so a ``loss_fn`` runs outside: pass ``capture_loss=False``
+        with it."""
+        if loss_fn is not None and capture_loss:
+            raise ConfigError("from_graph takes a graph of the model alone, which cannot hold "
+                              "the loss: pass capture_loss=False (the loss runs outside the "
+                              "module and its memory is measured), or build with HRockmate("
+                              "model, sample, budget, loss_fn=...) to capture it")
         cfg = load_config(config, **overrides)
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
@@ -390,7 +434,7 @@ class HRockmate(ModelWrapper):
         result (at most ``max_shapes``, least recently used evicted)."""
         if args and kwargs:  # a sample is positional or keyword arguments, not both
             raise error
-        model = self.wrapped_model
+        model = self.wrapped_model if self._loss_step is None else self._loss_step
         sample = tuple(args) if args else dict(kwargs)
         live = {id(m) for m in self.executor.variants}  # drop the evicted ones' reports
         self._variant_reports = {m: r for m, r in self._variant_reports.items() if id(m) in live}
@@ -435,15 +479,32 @@ class HRockmate(ModelWrapper):
         return out
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The model's outputs: through the schedule when a backward may follow (autograd on,
-        the training flags as at build), else from the model's plain forward."""
+        """The model's outputs (the loss, when it was captured: see the class docstring):
+        through the schedule when a backward may follow (autograd on, the training flags as at
+        build), else from the model's plain forward."""
         model = self.wrapped_model
-        if not self._runs_schedule(model):
+        if self._loss_step is not None:
+            args = self._loss_step_inputs(args, kwargs)
+            kwargs = {}
+            model = self._loss_step
+        if not self._runs_schedule(self.wrapped_model):
             return model(*args, **kwargs)
         if self.executor is None:
             raise HiremateError("hiremate.runtime.executor is not installed in this build: the schedule "
                                 "was solved (see .report()) but cannot be run")
         return self.executor(*args, **kwargs)
+
+    def _loss_step_inputs(self, args: tuple, kwargs: dict) -> tuple:
+        """A call's arguments as the captured loss step takes them: the model's, and the
+        target passed as ``target=`` when the module was built with one."""
+        kwargs = dict(kwargs)
+        if self._has_target:
+            if TARGET_KEYWORD not in kwargs:
+                raise InputMismatchError(
+                    f"this module was built with a captured loss and a target: call it as "
+                    f"module(*inputs, {TARGET_KEYWORD}=...); it returns the loss")
+            return (tuple(args), kwargs, kwargs.pop(TARGET_KEYWORD))
+        return (tuple(args), kwargs)
 
     def _runs_schedule(self, model: torch.nn.Module) -> bool:
         """Whether a call runs the schedule: with autograd off no backward can follow, and in
@@ -479,13 +540,16 @@ class HRockmate(ModelWrapper):
             "schedule": schedule_to_list(self.schedule), "report": self._report,
             "config": self.hiremate_config.to_dict(), "budget_arg": self._budget_arg,
             "training_modes": list(self._built_modes),
+            "loss": None if self._loss_step is None else {"target": self._has_target},
         }
         Path(path).write_text(json.dumps(payload, default=float))
 
     @classmethod
-    def load(cls, model: torch.nn.Module, path: str | Path) -> "HRockmate":
+    def load(cls, model: torch.nn.Module, path: str | Path,
+             loss_fn: Callable[..., torch.Tensor] | None = None) -> "HRockmate":
         """Rebuild from :meth:`save`'s file on ``model`` (same architecture): no capture, no
-        solving; the schedule is checked with the simulator."""
+        solving; the schedule is checked with the simulator. A module saved with a captured
+        loss needs that ``loss_fn`` again (functions are not saved)."""
         try:
             payload = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -500,14 +564,23 @@ class HRockmate(ModelWrapper):
         torch.nn.Module.__init__(self)
         report = dict(payload["report"], solve_time=0.0, loaded_from=str(path))
         cfg = Config.from_dict(payload["config"])
+        loss = payload.get("loss")
+        if (loss is None) != (loss_fn is None):
+            raise ConfigError(
+                f"{path} was saved with a captured loss: pass the same loss_fn to load it"
+                if loss is not None else
+                f"{path} holds the model's schedule alone (no captured loss); load it without "
+                "loss_fn")
         # files saved before "budget_arg" existed: their budget in bytes (kept for new shapes)
-        self._init_state(payload.get("budget_arg", report.get("budget")))
+        self._init_state(payload.get("budget_arg", report.get("budget")), loss_fn, model,
+                         True if loss and loss.get("target") else None, loss is not None)
+        runs = model if self._loss_step is None else self._loss_step
         modes = payload.get("training_modes")
         # the flags the graph was captured with, where the file has them for this architecture
         modes = ([bool(m) for m in modes]
                  if isinstance(modes, list) and len(modes) == len(_modes(model)) else None)
         self._adopt(model, _Built(graph, tuple(schedule), report,
-                                  self._make_executor(model, graph, tuple(schedule), cfg)),
+                                  self._make_executor(runs, graph, tuple(schedule), cfg)),
                     cfg, modes)
         return self
 
