@@ -132,6 +132,25 @@ def test_loss_without_target_and_new_shapes_recaptured() -> None:
     grads_close(model, eager)
 
 
+def test_loss_module_with_class_weights_and_label_smoothing() -> None:
+    """A loss that is a module: its class weights are a buffer, captured as one (not frozen
+    from outside); label smoothing and weights give eager's loss and gradients."""
+    model = classifier()
+    eager = copy.deepcopy(model)
+    x, y = batch(0)
+    weights = torch.linspace(0.5, 2.0, 96, dtype=torch.float64)
+    loss_fn = nn.CrossEntropyLoss(weight=weights, label_smoothing=0.1)
+    remat = HRockmate(model, x, 0.8, loss_fn=loss_fn, target=y, **FAST)
+    x, y = batch(7)
+    loss = remat(x, target=y)
+    loss.backward()
+    expected = loss_fn(eager(x), y)
+    expected.backward()
+    torch.testing.assert_close(loss.detach(), expected.detach())
+    grads_close(model, eager)
+    assert "loss_fn.weight" in remat.graph.meta["buffer_names"]
+
+
 def test_captured_loss_round_trips_through_save(tmp_path) -> None:
     model = classifier()
     x, y = batch(0)
