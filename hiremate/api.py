@@ -127,9 +127,10 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
     the loss's memory, the output gradients autograd holds until the backward returns, and
     the generator states the executor saves for random ops it reruns, which the solvers do
-    not see): solved at the budget, then, while the step overflows it,
-    at the budget less what overflowed (or at the lowest budget the solvers meet, when
-    that is above), and at last with room for every random op's state at once."""
+    not see): solved at the budget, then, while the step overflows it, below both the budget
+    less what overflowed and the peak the solvers saw of the overflowing schedule (or at the
+    lowest budget the solvers meet, when that is above), and at last with room for every
+    random op's state at once."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
     # the most the solvers do not see: the loss, the output gradients autograd holds through
