@@ -160,10 +160,8 @@ def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve:
         peak = _whole_step_report(graph, result, budget, loss_bytes)
         if peak <= budget:
             return result
-        # the solvers give the same schedule at every budget down to the peak they see of it
-        # (an exact solver's fastest schedule stays the fastest while it fits), so the next
-        # budget goes below that peak: a walk down by the overflow alone took a hundred solves
-        # when the schedule overflowed by a byte
+        # an exact solver's fastest schedule stays the fastest at every budget down to the peak
+        # it sees, so the next budget goes below that peak (not a walk down by the overflow)
         seen = simulate(graph, result.schedule).peak
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state,
                                 budget - seen + 1))
