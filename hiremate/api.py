@@ -244,16 +244,16 @@ class HRockmate(ModelWrapper):
         self._init_state(budget, loss_fn, model, target, capture_loss)
         step = self._loss_step
         if step is not None:
-            sample = step.step_inputs(sample, *(() if target is None else (target,)))
+            sample = step.step_inputs(sample, target)
+        runs = self._runs(model)
         try:
-            with preserved(model if step is None else step):
-                built = self._build(model if step is None else step, cfg, sample, budget)
+            with preserved(runs):
+                built = self._build(runs, cfg, sample, budget)
         except GraphCaptureError as exc:
             if step is not None and step.output_error is not None:
                 raise step.output_error from exc
             raise
-        if step is not None:  # the report names the loss the graph holds
-            built.report["loss_captured"] = True
+        built.report["loss_captured"] = step is not None
         self._adopt(model, built, cfg)
 
     def _init_state(self, budget: int | float | str,
@@ -300,6 +300,10 @@ class HRockmate(ModelWrapper):
             built = self._calibrate(model, built, sample, target, cfg,
                                     result.report["solve_time"], variant)
         return built
+
+    def _runs(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What is captured and run: the model, or the model and its loss as one module."""
+        return model if self._loss_step is None else self._loss_step
 
     def _loss_bytes(self, model: torch.nn.Module, graph: Graph, sample: Any) -> int:
         """What the loss allocates between the forward and the backward beyond the output
@@ -439,7 +443,7 @@ class HRockmate(ModelWrapper):
         result (at most ``max_shapes``, least recently used evicted)."""
         if args and kwargs:  # a sample is positional or keyword arguments, not both
             raise error
-        model = self.wrapped_model if self._loss_step is None else self._loss_step
+        model = self._runs(self.wrapped_model)
         sample = tuple(args) if args else dict(kwargs)
         live = {id(m) for m in self.executor.variants}  # drop the evicted ones' reports
         self._variant_reports = {m: r for m, r in self._variant_reports.items() if id(m) in live}
@@ -487,11 +491,9 @@ class HRockmate(ModelWrapper):
         """The model's outputs (the loss, when it was captured: see the class docstring):
         through the schedule when a backward may follow (autograd on, the training flags as at
         build), else from the model's plain forward."""
-        model = self.wrapped_model
+        model = self._runs(self.wrapped_model)
         if self._loss_step is not None:
-            args = self._loss_step_inputs(args, kwargs)
-            kwargs = {}
-            model = self._loss_step
+            args, kwargs = self._loss_step_inputs(args, kwargs), {}
         if not self._runs_schedule(self.wrapped_model):
             return model(*args, **kwargs)
         if self.executor is None:
@@ -579,14 +581,12 @@ class HRockmate(ModelWrapper):
         # files saved before "budget_arg" existed: their budget in bytes (kept for new shapes)
         self._init_state(payload.get("budget_arg", report.get("budget")), loss_fn, model,
                          True if loss and loss.get("target") else None, loss is not None)
-        runs = model if self._loss_step is None else self._loss_step
         modes = payload.get("training_modes")
         # the flags the graph was captured with, where the file has them for this architecture
         modes = ([bool(m) for m in modes]
                  if isinstance(modes, list) and len(modes) == len(_modes(model)) else None)
-        self._adopt(model, _Built(graph, tuple(schedule), report,
-                                  self._make_executor(runs, graph, tuple(schedule), cfg)),
-                    cfg, modes)
+        executor = self._make_executor(self._runs(model), graph, tuple(schedule), cfg)
+        self._adopt(model, _Built(graph, tuple(schedule), report, executor), cfg, modes)
         return self
 
     def extra_repr(self) -> str:

@@ -30,9 +30,6 @@ from hiremate.graphbuilder.capture import normalise_sample, training_call
 #: the keyword a call passes the loss's target with, when the module was built with one
 TARGET_KEYWORD = "target"
 
-_NO_TARGET = object()
-
-
 class LossStep(torch.nn.Module):
     """``loss_fn(model(*args, **kwargs), *targets)`` as a module: called as
     ``step(args, kwargs, *targets)`` (at most one target; none when the loss takes the output
@@ -61,11 +58,12 @@ class LossStep(torch.nn.Module):
             raise self.output_error
         return loss
 
-    def step_inputs(self, sample: Any, target: Any = _NO_TARGET) -> tuple:
+    def step_inputs(self, sample: Any, target: Any = None) -> tuple:
         """The positional arguments of this module for a model ``sample`` (a tensor, a tuple of
-        positional arguments or a dict of keyword arguments) and the loss's ``target``."""
+        positional arguments or a dict of keyword arguments) and the loss's ``target`` (None:
+        the loss takes the output alone)."""
         args, kwargs = normalise_sample(sample)
-        return (args, kwargs) if target is _NO_TARGET else (args, kwargs, target)
+        return (args, kwargs) if target is None else (args, kwargs, target)
 
 
 def check_loss_fn(loss_fn: Any, model: torch.nn.Module, has_target: bool) -> None:
