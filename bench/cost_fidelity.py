@@ -23,6 +23,7 @@ Run::
     python bench/cost_fidelity.py --stability --cost measured --threads 1 --busy 2 unet gpt2
     python bench/cost_fidelity.py --json hf-gpt2 hf-llama hf-bert
     python bench/cost_fidelity.py --time-only --threads 1 --rounds 15   # predicted vs eager step
+    python bench/cost_fidelity.py --time-only --threads 1 --rounds 15 --passes 3  # shared machine
     python bench/cost_fidelity.py --fit-stability 2 --threads 1         # roofline fit under load
 
 Prints a Markdown table (``--json``: one object per line). Results: docs/benchmarks.md.
@@ -87,6 +88,27 @@ def spearman(a: list[float], b: list[float]) -> float:
     cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
     var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
     return cov / var if var else 1.0
+
+
+def eager_step(name: str, rounds: int) -> float:
+    """The fastest of ``rounds`` eager steps of a freshly built ``name`` (seconds)."""
+    model, sample, loss_fn = build_model(name)
+    args, kwargs = _call(sample)
+    return min(hiremate.measure(model, *args, loss_fn=loss_fn, repeats=rounds, **kwargs).times)
+
+
+def faster_eager(rows: list[dict[str, Any]], passes: int, rounds: int) -> None:
+    """Measure every row's eager step again in ``passes - 1`` more passes over all the models
+    and keep the fastest (``predicted_over_eager`` follows). Why: on a shared virtual machine
+    the host's other work comes in bursts longer than one model's rounds, so the fastest of
+    one burst-hit run can be 50 % slow (and thread CPU time is no better there: the guest
+    counts time taken from it as its own); passes spread over the whole run dodge them."""
+    for _ in range(passes - 1):
+        for row in rows:
+            fastest = eager_step(row["model"], rounds)
+            if fastest * 1e3 < row["eager_step_ms"]:
+                row["eager_step_ms"] = fastest * 1e3
+                row["predicted_over_eager"] = row["predicted_step_ms"] / row["eager_step_ms"]
 
 
 def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int,
@@ -196,6 +218,9 @@ def main() -> None:
                              "model's predicted step under both")
     parser.add_argument("--time-only", action="store_true",
                         help="the time columns alone (no solve at --budget, no peak columns)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="with --time-only: measure eager this many times over all the "
+                             "models and keep each one's fastest (shared machines)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.threads is not None:
@@ -212,8 +237,13 @@ def main() -> None:
         row = (stability(name, args.cost, args.busy) if args.stability
                else peak_and_time(name, args.cost, args.budget, args.rounds, args.time_only))
         rows.append(row)
-        if args.json:
+        if args.json and args.passes <= 1:
             print(json.dumps(row), flush=True)
+    if args.time_only and args.passes > 1:
+        faster_eager(rows, args.passes, args.rounds)
+        if args.json:
+            for row in rows:
+                print(json.dumps(row), flush=True)
     if args.json:
         return
     keys = list(dict.fromkeys(k for row in rows for k in row))

@@ -47,7 +47,7 @@ from hiremate.errors import HiremateError
 from hiremate.zoo.paper import PaperModel
 
 from paper_common import (
-    PAPER_TABLE3C, add_common_arguments, execute, fmt, gap, graph_of, lower_bound, make_config,
+    PAPER_TABLE3C, log, add_common_arguments, execute, fmt, gap, graph_of, lower_bound, make_config,
 )
 
 HEADER = ("model", "compute nodes", "H-Partition d/s/u/l", "paper 3(b)", "path", "solver",
@@ -65,6 +65,7 @@ def row(m: PaperModel, args: argparse.Namespace) -> dict[str, Any]:
     """Build, solve (and with ``--execute`` run) one model: its row as a dict."""
     dtype = torch.float64 if args.execute else None
     key = f"paper-{m.paper_name}" + ("-f64" if args.execute else "")
+    log.info("%s: building the graph (%s costs)", m.paper_name, args.cost)
     graph, build_s = graph_of(key, lambda: zoo.get_paper(m.paper_name, dtype=dtype),
                               args.cost, args.cache)
     ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
@@ -131,9 +132,14 @@ def main() -> None:
                         help="budget as a fraction of the autodiff peak (default 0.5)")
     parser.add_argument("--execute", action="store_true",
                         help="float64 model, run through the wrapper: peak and gradients")
+    parser.add_argument("--verbose", action="store_true",
+                        help="log each phase with its time (build, solve, runs) to stderr")
     add_common_arguments(parser, "configuration override (repeatable; dotted keys into mappings)")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    if args.verbose:
+        for name in ("bench.paper", "hiremate"):
+            logging.getLogger(name).setLevel(logging.INFO)
     torch.set_num_threads(1)
     make_config(args.config, args.set)  # a bad override fails before any build
     chosen = [zoo.paper_model(n) for n in args.models] or list(zoo.paper_models().values())

@@ -149,3 +149,56 @@ def test_roofline_fit_round_trips_with_its_step_terms():
     fit = RooflineFit({k: (1e-6, 1e-11, 1e-10) for k in OP_CLASSES}, {"processor": "x"},
                       dispatch=2e-6, scale=1.05)
     assert RooflineFit.from_dict(fit.to_dict()) == fit
+
+
+def _traced_step(fn, *shapes):
+    """The ATen ops of ``fn``'s forward and backward on random inputs of ``shapes``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inputs = [torch.randn(s, requires_grad=True) for s in shapes]
+    gm = make_fx(fn)(*inputs)
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_op_classes_tell_pointwise_grouped_and_strided_convolutions_apart():
+    """A 1x1 convolution with unit stride and one group is a matrix product (its own class, a
+    tenth of a general convolution's fixed cost on a CPU); grouped, strided or wider kernels
+    are general convolutions, forward and backward alike."""
+    import torch.nn.functional as F
+
+    from hiremate.graphbuilder.costs.analytic import op_class
+
+    def classes(x_shape, w_shape, **kw):
+        def step(x, w):
+            return torch.autograd.grad(F.conv2d(x, w, **kw).sum(), (x, w))
+        return {op_class(n) for n in _traced_step(step, x_shape, w_shape)
+                if "convolution" in str(n.target)}
+
+    assert classes((2, 8, 5, 5), (4, 8, 1, 1)) == {"conv_pointwise", "conv_pointwise_backward"}
+    assert classes((2, 8, 5, 5), (4, 8, 3, 3), padding=1) == {"conv", "conv_backward"}
+    assert classes((2, 8, 5, 5), (8, 2, 1, 1), groups=4) == {"conv", "conv_backward"}
+    assert classes((2, 8, 6, 6), (4, 8, 1, 1), stride=2) == {"conv", "conv_backward"}
+
+
+def test_fft_and_complex_products_are_counted_at_their_real_cost():
+    """An FFT over L points costs about 5 n log2 L real operations (half with a real side), not
+    one per output element; a complex multiply-add is four real ones. Both feed the ``flops``
+    cost model, so Fourier layers (FNO) are not priced as if they were elementwise."""
+    from hiremate.graphbuilder.costs.analytic import flops_of, op_class
+
+    def spectral(x, wr, wi):
+        spectrum = torch.fft.rfft(x)[..., :4]
+        mixed = torch.einsum("bim,iom->bom", spectrum, torch.complex(wr, wi))
+        return torch.autograd.grad(torch.fft.irfft(mixed, n=16).sum(), (x, wr, wi))
+
+    nodes = _traced_step(spectral, (2, 3, 16), (3, 5, 4), (3, 5, 4))
+    ffts = [n for n in nodes if op_class(n) == "fft"]
+    assert {str(n.target) for n in ffts} >= {"aten._fft_r2c.default", "aten._fft_c2r.default"}
+    forward = next(n for n in ffts if str(n.target) == "aten._fft_r2c.default")
+    # 2 x 3 signals of 16 real points, 9 complex outputs each: 5 * 54 * log2(16) / 2
+    assert flops_of(forward) == pytest.approx(5 * 54 * 4 / 2)
+    products = [n for n in nodes if str(n.target) == "aten.bmm.default"]
+    assert products and all(n.meta["val"].is_complex() for n in products)
+    first = products[0]
+    a = first.args[0].meta["val"]
+    assert flops_of(first) == pytest.approx(4 * 2 * first.meta["val"].numel() * a.shape[-1])

@@ -7,6 +7,7 @@ same on every machine: for comparisons between solvers and with the papers) and 
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -16,13 +17,19 @@ import torch.utils._pytree as pytree
 
 from hiremate.graphbuilder.opinfo import op_kind, schema_name
 
-#: op classes of the roofline model (``norm``: normalisations, softmax and reductions, several
-#: passes over their input; ``view``: ops that allocate nothing, whose time is the dispatch
-#: alone); ``getitem`` is free and belongs to none
-OP_CLASSES = ("matmul", "conv", "conv_backward", "norm", "memory", "view")
+#: op classes of the roofline model; ``getitem`` is free and belongs to none.
+#: ``conv_pointwise``: 1x1 convolutions with unit stride, no padding and one group, which run
+#: as one matrix product (no unfolding, no per-group loop), so their fixed cost is a tenth of
+#: a general convolution's; ``batch_norm``: batch statistics and their backward (several
+#: passes, per-channel loops); ``norm``: the other normalisations and softmax; ``reduce``: sums,
+#: means and extrema (one pass, a small output); ``view``: ops that allocate nothing, whose
+#: time is the dispatch alone; ``fft``: discrete Fourier transforms (n log n work)
+OP_CLASSES = ("matmul", "conv", "conv_backward", "conv_pointwise", "conv_pointwise_backward",
+              "batch_norm", "norm", "reduce", "fft", "memory", "view")
 _MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
 _REDUCTIONS = ("aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::var",
                "aten::var_mean", "aten::std", "aten::max", "aten::min", "aten::norm")
+_FFTS = ("aten::_fft_r2c", "aten::_fft_c2r", "aten::_fft_c2c")
 #: the ``flops`` model's fixed machine (per device kind): FLOP/s, bytes/s, seconds per op
 FIXED_MACHINE = {"cpu": (5e10, 1e10, 3e-6), "cuda": (5e13, 1e12, 8e-6)}
 #: an attention backward recomputes the scores and forms three gradients: about 2.5 forwards
@@ -55,7 +62,10 @@ def flops_of(node: torch.fx.Node) -> float:
     if name in _MATMULS:
         a, b = (ins[-2], ins[-1])
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            return 2.0 * _numel(out) * a.shape[-1]
+            # a complex multiply-add is four real multiplications and four additions
+            return 2.0 * _numel(out) * a.shape[-1] * (4.0 if a.is_complex() else 1.0)
+    if name in _FFTS and ins and isinstance(ins[0], torch.Tensor):
+        return _fft_flops(node, ins[0], out)
     if name == "aten::convolution" and isinstance(ins[1], torch.Tensor):
         w = ins[1]
         return 2.0 * _numel(out) * (w.numel() // max(w.shape[0], 1))
@@ -69,6 +79,23 @@ def flops_of(node: torch.fx.Node) -> float:
         if count is not None:
             return count * (_ATTENTION_BACKWARD_FACTOR if backward else 1.0)
     return float(sum(_numel(v) for v in pytree.tree_leaves(out)))
+
+
+def _fft_flops(node: torch.fx.Node, source: torch.Tensor, out: Any) -> float:
+    """The classic count of a radix-2 transform: ``5 n log2(L)`` real operations for ``n``
+    complex points transformed along ``L`` of them, half that when one side is real."""
+    dims = node.args[1] if len(node.args) > 1 else ()
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not isinstance(out, torch.Tensor) or not dims:
+        return float(_numel(out))
+    real_side = out if not out.is_complex() else source if not source.is_complex() else None
+    full = real_side if real_side is not None else out
+    length = 1
+    for d in dims:
+        length *= full.shape[d]
+    points = _numel(out if out.is_complex() else source)
+    half = 1.0 if real_side is None else 0.5
+    return 5.0 * points * math.log2(max(length, 2)) * half
 
 
 def bytes_moved(node: torch.fx.Node) -> float:
@@ -88,13 +115,33 @@ def op_class(node: torch.fx.Node) -> str | None:
     name = _name(node)
     if name in _MATMULS or name.startswith("aten::_scaled_dot_product"):
         return "matmul"
+    if name in _FFTS:
+        return "fft"
     if name == "aten::convolution":
-        return "conv"
+        return "conv_pointwise" if _pointwise(node, 1, 3) else "conv"
     if name == "aten::convolution_backward":
-        return "conv_backward"
-    if "norm" in name or "softmax" in name or name in _REDUCTIONS:
+        return "conv_pointwise_backward" if _pointwise(node, 2, 4) else "conv_backward"
+    if "batch_norm" in name:
+        return "batch_norm"
+    if "norm" in name or "softmax" in name:
         return "norm"
+    if name in _REDUCTIONS:
+        return "reduce"
     return "memory"
+
+
+def _pointwise(node: torch.fx.Node, weight_at: int, stride_at: int) -> bool:
+    """Whether a convolution (or its backward) whose weight is argument ``weight_at`` and whose
+    stride, padding, dilation, transposed flag, output padding and groups follow from
+    ``stride_at`` is a 1x1 convolution with unit stride, no padding and one group."""
+    args = node.args
+    if len(args) < stride_at + 6:
+        return False
+    weight = args[weight_at].meta.get("val") if isinstance(args[weight_at], torch.fx.Node) else None
+    stride, padding, _, transposed, _, groups = args[stride_at:stride_at + 6]
+    return (isinstance(weight, torch.Tensor) and all(k == 1 for k in weight.shape[2:])
+            and all(s == 1 for s in stride) and all(p == 0 for p in padding)
+            and not transposed and groups == 1)
 
 
 def device_kind(node: torch.fx.Node) -> str:

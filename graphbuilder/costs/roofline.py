@@ -39,9 +39,10 @@ from hiremate.graphbuilder.costs.timing import device_clock, time_in_place, time
 
 log = logging.getLogger(__name__)
 
-FORMAT = 7  # 7: thread CPU time at one intra-op thread, warm views, the step's scale
-#: interleaved timing rounds of the calibration programs
-CALIBRATION_ROUNDS = 7
+FORMAT = 8  # 8: pointwise convolutions, batch norms, reductions and FFTs in classes of their own
+#: interleaved timing rounds of the calibration programs (the fastest of each op is kept: on a
+#: shared virtual machine the host's bursts of other work can outlast several rounds)
+CALIBRATION_ROUNDS = 11
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,18 @@ def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]], bool]]:
         y = _conv(x, w)
         return torch.autograd.grad(torch.relu(y).sum(), (x, w))
 
+    def strided_conv_step(x, w):  # downsampling, as in residual shortcuts and stems
+        y = _conv(x, w, stride=2)
+        return torch.autograd.grad(torch.relu(y).sum(), (x, w))
+
+    def spectral_step(x, wr, wi):  # a Fourier layer, as in neural operators
+        dims = tuple(range(2, x.dim()))
+        modes = tuple(slice(0, m) for m in wr.shape[2:])
+        spectrum = torch.fft.rfftn(x, dim=dims)[(..., *modes)]
+        mixed = torch.einsum("bi...,io...->bo...", spectrum, torch.complex(wr, wi))
+        y = torch.fft.irfftn(mixed, s=x.shape[2:], dim=dims)
+        return torch.autograd.grad(F.gelu(y).square().sum(), (x, wr, wi))
+
     def norm_step(x, w, b):
         y = F.layer_norm(x, x.shape[-1:], w, b)
         return torch.autograd.grad((y * x).tanh().sum(), (x, w, b))
@@ -206,8 +219,21 @@ def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]], bool]]:
     for x, w in (((4, 3, 32, 32), (16, 3, 3, 3)), ((4, 16, 32, 32), (32, 16, 3, 3)),
                  ((4, 32, 16, 16), (64, 32, 3, 3)), ((2, 64, 16, 16), (64, 64, 1, 1)),
                  ((8, 8, 64, 64), (8, 8, 3, 3)), ((2, 128, 8, 8), (128, 128, 3, 3)),
-                 ((4, 32, 256), (32, 32, 1)), ((2, 8, 8, 16, 16), (8, 8, 1, 1, 1))):
+                 ((4, 32, 256), (32, 32, 1)), ((2, 8, 8, 16, 16), (8, 8, 1, 1, 1)),
+                 # grouped (the weight's input channels a fraction of the input's)
+                 ((2, 32, 32, 32), (32, 16, 3, 3)), ((4, 32, 16, 16), (32, 4, 3, 3)),
+                 ((2, 256, 8, 8), (256, 16, 3, 3)), ((2, 64, 16, 16), (64, 1, 3, 3)),
+                 # small maps and 1x1 maps (squeeze-excitation), where the fixed cost shows
+                 ((2, 8, 8, 8), (8, 8, 3, 3)), ((2, 32, 1, 1), (8, 32, 1, 1)),
+                 ((4, 8, 1, 1), (64, 8, 1, 1)), ((2, 64, 4, 4), (64, 64, 1, 1)),
+                 ((2, 32, 32, 32), (32, 32, 1, 1))):
         programs.append((conv_step, [x, w]))
+    for x, w in (((2, 16, 32, 32), (32, 16, 1, 1)), ((2, 64, 8, 8), (128, 64, 1, 1)),
+                 ((2, 16, 32, 32), (32, 16, 3, 3)), ((4, 3, 32, 32), (16, 3, 3, 3))):
+        programs.append((strided_conv_step, [x, w]))
+    for x, w in (((4, 16, 128), (16, 16, 16)), ((2, 32, 512), (32, 32, 32)),
+                 ((2, 8, 32, 32), (8, 8, 8, 8)), ((2, 4, 16, 16, 16), (4, 4, 4, 4, 4))):
+        programs.append((spectral_step, [x, w, w]))
     for rows, cols in ((16, 64), (64, 256), (256, 512), (1024, 1024), (512, 4096)):
         programs.append((norm_step, [(rows, cols), (cols,), (cols,)]))
     for n, c, hw in ((2, 8, 16), (4, 16, 32), (8, 32, 32), (4, 64, 64)):
@@ -215,9 +241,18 @@ def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]], bool]]:
     return [(f, shapes, True) for f, shapes in models] + [(f, s, False) for f, s in programs]
 
 
-def _conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+#: the coefficients fitted per class, where not all three: a view's time is its dispatch alone;
+#: a reduction's "FLOPs" count its output elements, which says nothing of the pass over its
+#: input (a bias gradient sums a large tensor into a small one)
+_FREE = {"view": (0,), "reduce": (0, 2)}
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor, stride: int = 1) -> torch.Tensor:
+    """A same-padded convolution of ``x`` by ``w``, with as many groups as the shapes say."""
     padding = w.shape[-1] // 2
-    return {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()](x, w, padding=padding)
+    groups = x.shape[1] // w.shape[1]
+    return {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()](x, w, padding=padding,
+                                                            stride=stride, groups=groups)
 
 
 def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
@@ -256,7 +291,7 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
     rate, bandwidth, per_op = FIXED_MACHINE["cuda" if device.type == "cuda" else "cpu"]
     coefficients = {}
     for kind, rows in samples.items():
-        free = (0,) if kind == "view" else (0, 1, 2)  # a view's time is its dispatch alone
+        free = _FREE.get(kind, (0, 1, 2))
         coefficients[kind] = (_nnls_relative(rows, free) if len(rows) >= len(free)
                               else (per_op, 1.0 / rate, 1.0 / bandwidth))
     fit = RooflineFit(coefficients, machine_fingerprint(device, dtype))
