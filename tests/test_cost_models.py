@@ -180,11 +180,10 @@ def test_op_classes_tell_pointwise_grouped_and_strided_convolutions_apart():
     assert classes((2, 8, 6, 6), (4, 8, 1, 1), stride=2) == {"conv", "conv_backward"}
 
 
-def test_fft_and_complex_products_are_counted_at_their_real_cost():
-    """An FFT over L points costs about 5 n log2 L real operations (half with a real side), not
-    one per output element; a complex multiply-add is four real ones. Both feed the ``flops``
-    cost model, so Fourier layers (FNO) are not priced as if they were elementwise."""
-    from hiremate.graphbuilder.costs.analytic import flops_of, op_class
+def test_fourier_transforms_have_a_class_of_their_own():
+    """An FFT makes log n passes over its data: priced with the elementwise ops, a Fourier
+    layer (FNO) looked several times cheaper than it runs."""
+    from hiremate.graphbuilder.costs.analytic import op_class
 
     def spectral(x, wr, wi):
         spectrum = torch.fft.rfft(x)[..., :4]
@@ -192,13 +191,6 @@ def test_fft_and_complex_products_are_counted_at_their_real_cost():
         return torch.autograd.grad(torch.fft.irfft(mixed, n=16).sum(), (x, wr, wi))
 
     nodes = _traced_step(spectral, (2, 3, 16), (3, 5, 4), (3, 5, 4))
-    ffts = [n for n in nodes if op_class(n) == "fft"]
-    assert {str(n.target) for n in ffts} >= {"aten._fft_r2c.default", "aten._fft_c2r.default"}
-    forward = next(n for n in ffts if str(n.target) == "aten._fft_r2c.default")
-    # 2 x 3 signals of 16 real points, 9 complex outputs each: 5 * 54 * log2(16) / 2
-    assert flops_of(forward) == pytest.approx(5 * 54 * 4 / 2)
-    products = [n for n in nodes if str(n.target) == "aten.bmm.default"]
-    assert products and all(n.meta["val"].is_complex() for n in products)
-    first = products[0]
-    a = first.args[0].meta["val"]
-    assert flops_of(first) == pytest.approx(4 * 2 * first.meta["val"].numel() * a.shape[-1])
+    ffts = {str(n.target) for n in nodes if op_class(n) == "fft"}
+    assert ffts >= {"aten._fft_r2c.default", "aten._fft_c2r.default"}
+    assert all(op_class(n) != "fft" for n in nodes if "fft" not in str(n.target))

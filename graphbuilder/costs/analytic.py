@@ -7,7 +7,6 @@ same on every machine: for comparisons between solvers and with the papers) and 
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any
 
@@ -23,7 +22,8 @@ from hiremate.graphbuilder.opinfo import op_kind, schema_name
 #: a general convolution's; ``batch_norm``: batch statistics and their backward (several
 #: passes, per-channel loops); ``norm``: the other normalisations and softmax; ``reduce``: sums,
 #: means and extrema (one pass, a small output); ``view``: ops that allocate nothing, whose
-#: time is the dispatch alone; ``fft``: discrete Fourier transforms (n log n work)
+#: time is the dispatch alone; ``fft``: discrete Fourier transforms (log n passes over their
+#: data, a per-element cost of their own)
 OP_CLASSES = ("matmul", "conv", "conv_backward", "conv_pointwise", "conv_pointwise_backward",
               "batch_norm", "norm", "reduce", "fft", "memory", "view")
 _MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
@@ -62,10 +62,7 @@ def flops_of(node: torch.fx.Node) -> float:
     if name in _MATMULS:
         a, b = (ins[-2], ins[-1])
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            # a complex multiply-add is four real multiplications and four additions
-            return 2.0 * _numel(out) * a.shape[-1] * (4.0 if a.is_complex() else 1.0)
-    if name in _FFTS and ins and isinstance(ins[0], torch.Tensor):
-        return _fft_flops(node, ins[0], out)
+            return 2.0 * _numel(out) * a.shape[-1]
     if name == "aten::convolution" and isinstance(ins[1], torch.Tensor):
         w = ins[1]
         return 2.0 * _numel(out) * (w.numel() // max(w.shape[0], 1))
@@ -79,23 +76,6 @@ def flops_of(node: torch.fx.Node) -> float:
         if count is not None:
             return count * (_ATTENTION_BACKWARD_FACTOR if backward else 1.0)
     return float(sum(_numel(v) for v in pytree.tree_leaves(out)))
-
-
-def _fft_flops(node: torch.fx.Node, source: torch.Tensor, out: Any) -> float:
-    """The classic count of a radix-2 transform: ``5 n log2(L)`` real operations for ``n``
-    complex points transformed along ``L`` of them, half that when one side is real."""
-    dims = node.args[1] if len(node.args) > 1 else ()
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    if not isinstance(out, torch.Tensor) or not dims:
-        return float(_numel(out))
-    real_side = out if not out.is_complex() else source if not source.is_complex() else None
-    full = real_side if real_side is not None else out
-    length = 1
-    for d in dims:
-        length *= full.shape[d]
-    points = _numel(out if out.is_complex() else source)
-    half = 1.0 if real_side is None else 0.5
-    return 5.0 * points * math.log2(max(length, 2)) * half
 
 
 def bytes_moved(node: torch.fx.Node) -> float:
