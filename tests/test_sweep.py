@@ -302,3 +302,30 @@ def test_floor_budget_is_the_lowest_the_first_preset_meets(tmp_path, steps):
 def test_floor_budget_needs_a_preset():
     with pytest.raises(ConfigError, match="floor"):
         parse_spec({"models": ["mlp"], "budgets": ["floor"], "methods": ["eager", "compile"]})
+
+
+def test_floor_budget_needs_a_preset_with_the_loss_outside():
+    """The floor is searched on the model's own graph, which holds no loss."""
+    with pytest.raises(ConfigError, match="floor"):
+        parse_spec({"models": ["mlp"], "budgets": ["floor"], "methods": ["eager", "rotor+loss"]})
+    with pytest.raises(ConfigError, match=r"\+loss"):
+        parse_spec({"models": ["mlp"], "budgets": [0.5], "methods": ["eager", "nonsense+loss"]})
+
+
+def test_a_preset_with_the_loss_captured_fits_where_the_loss_outside_cannot(tmp_path):
+    """``<preset>+loss`` captures the sweep's loss into the graph: a language model's logits,
+    the loss's weighted copy of them and their gradient are then the solvers' to free, so a
+    budget that the loss held outside makes infeasible fits, measured with the same harness
+    (the module returns the loss), and the cell is never presolved on the model's graph."""
+    gpt2 = {"layers": 2, "width": 32, "heads": 2, "seq": 64, "batch": 2, "vocab": 1024}
+    spec = _tiny_spec(name="loss", models=[{"factory": "hiremate.zoo.sized:gpt2",
+                                             "kwargs": gpt2, "label": "lm"}],
+                      budgets=[0.6], methods=["eager", "rotor", "rotor+loss"], threads=1)
+    outcome = run_sweep(spec, tmp_path, progress=False, plots=False)
+    outside = outcome.store.cells["lm|0.6|rotor"]
+    captured = outcome.store.cells["lm|0.6|rotor+loss"]
+    assert outside["status"] == "infeasible"
+    assert captured["status"] == "ok" and captured["extra"]["loss_captured"] is True
+    assert captured["measured_peak"] <= captured["budget_bytes"] * 1.02
+    assert captured["predicted_peak"] <= captured["budget_bytes"]
+    assert "presolve_time" not in captured["extra"]

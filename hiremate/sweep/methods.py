@@ -10,7 +10,10 @@
 - ``compile``: ``torch.compile`` with ``torch._functorch.config.activation_memory_budget`` set to
   the budget's fraction of the eager peak (``aot_eager_decomp_partition`` on CPU, ``inductor``
   on CUDA), its compile time taken as its solve time;
-- any hiremate preset (``configs/*.yaml``): :class:`hiremate.HRockmate` with the budget in bytes.
+- any hiremate preset (``configs/*.yaml``): :class:`hiremate.HRockmate` with the budget in bytes,
+  the loss run outside the module as for every other method; ``<preset>+loss``: the same with
+  the loss captured into the graph (``loss_fn=zoo.output_loss``), so that the solvers may free
+  and recompute what the loss holds.
 
 Why these peers: they are what a user would pick instead of hiremate, and measuring them with
 the same harness on the same models is the only fair comparison.
@@ -29,7 +32,7 @@ from torch import nn
 
 from hiremate.errors import ConfigError
 from hiremate.runtime.measurement import Measurement, measure
-from hiremate.sweep.spec import PEERS, SweepSpec
+from hiremate.sweep.spec import PEERS, SweepSpec, preset_of
 from hiremate.zoo import output_loss, split_sample
 
 log = logging.getLogger(__name__)
@@ -51,14 +54,22 @@ class MethodResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def measure_sample(fn: Any, sample: Any, spec: SweepSpec) -> Measurement:
-    """``measure`` of ``fn`` on ``sample`` with the zoo's loss and the sweep's repeats."""
+def returned_loss(output: Any) -> Any:
+    """The loss of a module that returns it (a hiremate module with its loss captured)."""
+    return output
+
+
+def measure_sample(fn: Any, sample: Any, spec: SweepSpec,
+                   loss_fn: Any = output_loss) -> Measurement:
+    """``measure`` of ``fn`` on ``sample`` with the zoo's loss (``loss_fn``: how ``fn``'s
+    output becomes it) and the sweep's repeats."""
     args, kwargs = split_sample(sample)
-    return measure(fn, *args, loss_fn=output_loss, repeats=spec.repeats, warmup=spec.warmup,
+    return measure(fn, *args, loss_fn=loss_fn, repeats=spec.repeats, warmup=spec.warmup,
                    **kwargs)
 
 
-def paired_time_ratio(fn: Any, twin: Any, sample: Any, spec: SweepSpec) -> dict[str, float]:
+def paired_time_ratio(fn: Any, twin: Any, sample: Any, spec: SweepSpec,
+                      loss_fn: Any = output_loss) -> dict[str, float]:
     """Time of ``fn`` relative to eager ``twin`` (an untouched copy of the model), measured in
     alternation: ``repeats`` rounds of one iteration of each; the ratio of the fastest round of
     each (the medians are kept too).
@@ -70,12 +81,12 @@ def paired_time_ratio(fn: Any, twin: Any, sample: Any, spec: SweepSpec) -> dict[
     least disturbed figure of each side; medians, even paired, still moved a lot between cells
     running the same schedule (docs/sweeps.md, "The sweep file")."""
     args, kwargs = split_sample(sample)
-    one = dict(loss_fn=output_loss, repeats=1, warmup=0)
-    measure(twin, *args, **one, **kwargs)  # warm the twin (allocator, first-call work)
+    one = dict(repeats=1, warmup=0)
+    measure(twin, *args, loss_fn=output_loss, **one, **kwargs)  # warm the twin (allocator)
     ours, theirs = [], []
     for _ in range(max(spec.repeats, 3)):
-        ours.append(measure(fn, *args, **one, **kwargs).time)
-        theirs.append(measure(twin, *args, **one, **kwargs).time)
+        ours.append(measure(fn, *args, loss_fn=loss_fn, **one, **kwargs).time)
+        theirs.append(measure(twin, *args, loss_fn=output_loss, **one, **kwargs).time)
     ours.sort()
     theirs.sort()
     med_ours, med_theirs = ours[len(ours) // 2], theirs[len(theirs) // 2]
@@ -209,8 +220,9 @@ def run_eager(model: nn.Module, sample: Any, spec: SweepSpec) -> MethodResult:
     return MethodResult(measurement=measure_sample(model, sample, spec), setup_time=0.0)
 
 
-def _paired(fn: Any, twin: Any, sample: Any, spec: SweepSpec) -> dict[str, float]:
-    return {} if twin is None else paired_time_ratio(fn, twin, sample, spec)
+def _paired(fn: Any, twin: Any, sample: Any, spec: SweepSpec,
+            loss_fn: Any = output_loss) -> dict[str, float]:
+    return {} if twin is None else paired_time_ratio(fn, twin, sample, spec, loss_fn)
 
 
 def run_checkpoint(model: nn.Module, sample: Any, spec: SweepSpec,
@@ -278,8 +290,12 @@ def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, preset: str,
     :class:`hiremate.InfeasibleBudgetError` when no schedule fits."""
     from hiremate.api import HRockmate
 
+    preset, captured = preset_of(preset)
     start = time.perf_counter()
-    if graph is not None:
+    if captured:  # the model's graph holds no loss: this one captures the model and its loss
+        module = HRockmate(model, sample, budget, config=preset, loss_fn=output_loss,
+                           **spec.hiremate_overrides)
+    elif graph is not None:
         module = HRockmate.from_graph(model, graph, budget, config=preset, sample=sample,
                                       loss_fn=output_loss, capture_loss=False,
                                       **spec.hiremate_overrides)
@@ -289,10 +305,12 @@ def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, preset: str,
                            capture_loss=False, **spec.hiremate_overrides)
     setup = time.perf_counter() - start
     report = module.report()
-    m = measure_sample(module, sample, spec)
-    extra = {k: report[k] for k in ("autodiff_peak", "autodiff_time", "path", "winner")
+    loss_fn = returned_loss if captured else output_loss
+    m = measure_sample(module, sample, spec, loss_fn)
+    extra = {k: report[k] for k in ("autodiff_peak", "autodiff_time", "path", "winner",
+                                    "loss_captured")
              if k in report and isinstance(report[k], (int, float, str))}
-    extra.update(_paired(module, twin, sample, spec))
+    extra.update(_paired(module, twin, sample, spec, loss_fn))
     return MethodResult(
         measurement=m, solve_time=float(report.get("solve_time", setup)), setup_time=setup,
         predicted_peak=_int_or_none(report.get("predicted_peak")),

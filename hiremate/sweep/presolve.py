@@ -35,7 +35,7 @@ import torch
 
 from hiremate.errors import ConfigError, InfeasibleBudgetError
 from hiremate.ir.graph import Graph
-from hiremate.sweep.spec import PEERS, SweepSpec
+from hiremate.sweep.spec import PEERS, SweepSpec, preset_of
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,10 @@ class Presolved:
 
 
 def is_hiremate_cell(cell: Any) -> bool:
-    return cell.method not in PEERS and cell.budget is not None
+    """A cell the presolve solves: a preset with a budget, the loss outside (a captured loss
+    makes another graph, the model's and the loss's, which the cell captures itself)."""
+    return (cell.method not in PEERS and cell.budget is not None
+            and not preset_of(cell.method)[1])
 
 
 def graph_path(out_dir: Path, label: str) -> Path:

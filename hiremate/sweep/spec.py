@@ -41,6 +41,9 @@ from hiremate.units import parse_bytes
 
 #: Methods that are not hiremate presets (see :mod:`hiremate.sweep.methods`).
 PEERS = ("eager", "checkpoint", "checkpoint_sequential", "compile")
+#: ``<preset>+loss``: the preset with the sweep's loss captured into the graph (every other
+#: method, and a plain preset, runs the loss outside what it schedules)
+LOSS_CAPTURED = "+loss"
 #: Peers with no notion of a budget: measured once per model, not once per budget.
 UNBUDGETED = ("eager", "checkpoint", "checkpoint_sequential")
 #: Label of the budget column for unbudgeted cells.
@@ -68,8 +71,17 @@ def preset_names() -> list[str]:
 
 
 def method_names() -> list[str]:
-    """Every method a sweep may name: the peers and the hiremate presets."""
-    return list(PEERS) + [p for p in preset_names() if p not in PEERS]
+    """Every method a sweep may name: the peers, the hiremate presets and each preset with the
+    loss captured (``<preset>+loss``)."""
+    presets = [p for p in preset_names() if p not in PEERS]
+    return list(PEERS) + presets + [p + LOSS_CAPTURED for p in presets]
+
+
+def preset_of(method: str) -> tuple[str, bool]:
+    """``(preset, loss captured)`` of a hiremate method name."""
+    if method.endswith(LOSS_CAPTURED):
+        return method[:-len(LOSS_CAPTURED)], True
+    return method, False
 
 
 @dataclass(frozen=True)
@@ -176,8 +188,9 @@ class SweepSpec:
 
     @property
     def floor_preset(self) -> str | None:
-        """The preset whose lowest budget a ``floor`` budget is: the first one listed."""
-        return next((m for m in self.methods if m not in PEERS), None)
+        """The preset whose lowest budget a ``floor`` budget is: the first one listed that runs
+        the loss outside (the floor is searched on the model's graph, which holds no loss)."""
+        return next((m for m in self.methods if m not in PEERS and not preset_of(m)[1]), None)
 
     def torch_dtype(self) -> Any:
         import torch
@@ -307,14 +320,17 @@ def parse_spec(data: Any, default_name: str = "sweep") -> SweepSpec:
     for m in data["methods"]:
         if m not in valid:
             raise ConfigError(f"unknown method {m!r}; valid methods: {', '.join(valid)} (peers: "
-                              f"{', '.join(PEERS)}; the rest are hiremate presets)")
+                              f"{', '.join(PEERS)}; the rest are hiremate presets, with "
+                              f"'{LOSS_CAPTURED}' the loss captured into the graph)")
         if m not in methods:
             methods.append(m)
     if "eager" not in methods:  # the reference of every fraction and relative time
         methods.insert(0, "eager")
-    if any(b.floor for b in budgets) and not any(m not in PEERS for m in methods):
-        raise ConfigError("budget 'floor' is the lowest budget a hiremate preset meets: add a "
-                          "preset (e.g. hiremate) to the methods, or remove 'floor'")
+    if any(b.floor for b in budgets) and not any(m not in PEERS and not preset_of(m)[1]
+                                                 for m in methods):
+        raise ConfigError("budget 'floor' is the lowest budget a hiremate preset meets with the "
+                          "loss outside: add a preset (e.g. hiremate) to the methods, or remove "
+                          "'floor'")
     spec = SweepSpec(name=str(data.get("name") or default_name), models=models, budgets=budgets,
                      methods=methods, description=str(data.get("description") or ""))
     if "repeats" in data:
