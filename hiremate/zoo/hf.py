@@ -13,6 +13,8 @@ is slow.
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 import torch
@@ -20,6 +22,8 @@ from torch import nn
 
 from hiremate.errors import ConfigError
 from hiremate.zoo.registry import register
+
+log = logging.getLogger(__name__)
 
 VOCAB = 512
 SEQ_LEN = 32
@@ -37,7 +41,26 @@ def _transformers() -> Any:
             "this zoo model is built with Hugging Face transformers, which is not installed; "
             "install it with: pip install 'hiremate[zoo]'"
         ) from exc
+    _quiet_torchvision()
     return transformers
+
+
+def _quiet_torchvision() -> None:
+    """Import torchvision, when it is installed, with its image-extension warning held back.
+    transformers imports it on the first model built, and a torchvision wheel built for
+    another torch (timm's, installed beside the CPU torch) warns that its image library does
+    not load, which no zoo model uses; the library stays quiet (logging only)."""
+    import importlib.util
+    import warnings
+
+    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Failed to load image Python extension")
+        try:
+            import torchvision  # noqa: F401
+        except Exception as exc:  # a broken torchvision: transformers reports it if it needs it
+            log.debug("torchvision does not import (%s)", exc)
 
 
 def _token_sample(batch: int) -> dict[str, torch.Tensor]:
