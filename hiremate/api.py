@@ -44,8 +44,8 @@ from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
-from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
-from hiremate.units import fmt_bytes
+from hiremate.ir.simulator import simulate
+from hiremate.composer.whole_step import solve_whole_step, step_budget
 from hiremate.wrapper import ModelWrapper
 
 log = logging.getLogger(__name__)
@@ -60,122 +60,17 @@ def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate
     user's loss allocates beyond the output gradients (:func:`hiremate.ir.simulator.step_peak`),
     fits the budget."""
     from hiremate.composer.solve import solve
-    from hiremate.composer.menu_cache import MenuCache
+    from hiremate.composer.menu_cache import CallCache, MenuCache
 
     cfg = load_config(config, **overrides)
     if isinstance(loss_bytes, bool) or not isinstance(loss_bytes, int) or loss_bytes < 0:
         raise ConfigError(f"loss_bytes must be a byte count >= 0, got {loss_bytes!r}")
-    nbytes = _step_budget(budget, graph, loss_bytes)
-    cache = MenuCache(cfg.cache_dir, enabled=cfg.cache)
-    result = _solve_whole_step(graph, nbytes, cfg, cache, solve, loss_bytes)
+    nbytes = step_budget(budget, graph, loss_bytes)
+    cache = MenuCache(cfg.cache_dir) if cfg.cache else CallCache()
+    result = solve_whole_step(graph, nbytes, cfg, cache, solve, loss_bytes)
     result.report["cache_hits"] = cache.hits
     result.report["cache_misses"] = cache.misses
     return result
-
-
-def _without_random_reruns(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
-                           loss_bytes: int):
-    """A schedule that reruns no random op, when the states kept for reruns are what overflow
-    the budget (on a small model one state outweighs the activations): solved on a copy of the
-    graph whose random ops cost a thousand times their time, so that the solvers recompute
-    anything else first; None when that schedule does not fit either."""
-    if not any(n.random for n in graph.nodes) or not graph.meta.get("rng_state_bytes"):
-        return None
-    payload = graph.to_dict()
-    longest = max((n["time"] for n in payload["nodes"]), default=0.0) or 1e-6
-    for node in payload["nodes"]:
-        if node.get("random"):
-            node["time"] = 1e3 * (node["time"] + longest)
-    from hiremate.composer.menu_cache import MenuCache
-
-    try:  # not cached: the penalised graph has the original's key
-        result = solve(Graph.from_dict(payload), budget, cfg, MenuCache(enabled=False))
-    except InfeasibleBudgetError:
-        return None
-    schedule = tuple(result.schedule)
-    sim = simulate(graph, schedule)  # the real times, not the penalised ones
-    autodiff = simulate(graph, autodiff_schedule(graph))
-    result.sim = sim
-    result.report.update(predicted_time=sim.time, autodiff_time=autodiff.time,
-                         relative_time=sim.time / autodiff.time if autodiff.time else 1.0,
-                         random_reruns="avoided: their generator states would not fit")
-    return result if _whole_step_report(graph, result, budget, loss_bytes) <= budget else None
-
-
-def _whole_step_report(graph: Graph, result: Any, budget: int, loss_bytes: int) -> int:
-    """Put the whole step's figures in ``result``'s report; return its predicted peak."""
-    peak = step_peak(graph, result.schedule, loss_bytes)
-    randoms = graph.meta.get("rng_state_bytes") and any(n.random for n in graph.nodes)
-    result.report.update(
-        loss_bytes=loss_bytes, predicted_peak=peak, budget=int(budget),
-        rng_state_bytes=(step_peak(graph, result.schedule)
-                         - step_peak(graph, result.schedule, rng_states=False)) if randoms else 0)
-    return peak
-
-
-def _step_budget(budget: int | float | str, graph: Graph, loss_bytes: int) -> int:
-    """Bytes for ``budget``; a fraction is of the whole step's peak when every value is kept
-    (eager PyTorch's step, the loss included), simulated only when the budget is one."""
-    if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
-        return budget
-    return resolve_budget(budget, graph,
-                          reference=step_peak(graph, autodiff_schedule(graph), loss_bytes))
-
-
-def _solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
-                      loss_bytes: int):
-    """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
-    the loss's memory, the output gradients autograd holds until the backward returns, and
-    the generator states the executor saves for random ops it reruns, which the solvers do
-    not see): solved at the budget, then, while the step overflows it, below both the budget
-    less what overflowed and the peak the solvers saw of the overflowing schedule (or at the
-    lowest budget the solvers meet, when that is above), and at last with room for every
-    random op's state at once."""
-    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
-    randoms = sum(1 for n in graph.nodes if n.random)
-    # the most the solvers do not see: the loss, the output gradients autograd holds through
-    # the backward, every random op's state and an interrupted one; the solvers' lowest budget
-    # plus this always works (solved with all of it reserved)
-    tangents = graph.tangent_bytes
-    full = loss_bytes + tangents + (per_state * (randoms + 1) if randoms else 0)
-    reserves = [0]
-    result = None
-    while True:
-        try:
-            result = solve(graph, budget - reserves[-1], cfg, cache)
-        except InfeasibleBudgetError as exc:
-            low = exc.min_budget
-            if reserves[-1] and low is not None and (
-                    budget - reserves[-1] < low < budget - reserves[-2]):
-                reserves.append(budget - low)  # the lowest the solvers meet: it may still fit
-                continue
-            if not full:
-                raise
-            raise InfeasibleBudgetError(
-                f"{exc}; with what the loss allocates ({fmt_bytes(loss_bytes)}), the output "
-                f"gradients autograd holds ({fmt_bytes(tangents)}) and the "
-                f"random-generator states of the {randoms} random ops a schedule may rerun, "
-                f"the step needs at most {fmt_bytes(low + full) if low else 'more'}",
-                min_budget=low + full if low else None) from exc
-        peak = _whole_step_report(graph, result, budget, loss_bytes)
-        if peak <= budget:
-            return result
-        # an exact solver's fastest schedule stays the fastest at every budget down to the peak
-        # it sees, so the next budget goes below that peak (not a walk down by the overflow)
-        seen = simulate(graph, result.schedule).peak
-        reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state,
-                                budget - seen + 1))
-        if reserve >= budget or reserve <= reserves[-1]:
-            kept = _without_random_reruns(graph, budget, cfg, cache, solve, loss_bytes)
-            if kept is not None:
-                return kept
-            raise InfeasibleBudgetError(
-                f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
-                f"random-generator states it keeps, above the budget {fmt_bytes(budget)}; "
-                f"raise the budget to {fmt_bytes(budget - reserves[-1] + full)}, which always "
-                "leaves room for them",
-                min_budget=budget - reserves[-1] + full)
-        reserves.append(reserve)
 
 
 @dataclass
@@ -291,7 +186,7 @@ class HRockmate(ModelWrapper):
 
             graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir)
         loss_bytes = self._loss_bytes(model, graph, sample)
-        target = _step_budget(budget, graph, loss_bytes)
+        target = step_budget(budget, graph, loss_bytes)
         result = solve_graph(graph, target, cfg, loss_bytes=loss_bytes)
         built = _Built(graph, tuple(result.schedule), dict(result.report),
                        self._make_executor(model, graph, tuple(result.schedule), cfg, sample,

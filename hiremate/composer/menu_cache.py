@@ -199,3 +199,37 @@ def decode_pool(value: Any) -> list[tuple[Schedule, str]]:
         except (KeyError, ValueError) as exc:
             log.warning("schedule pool item unreadable (%s); skipped", exc)
     return out
+
+
+class CallCache(MenuCache):
+    """The cache of one :func:`hiremate.api.solve_graph` call when the disk cache is off:
+    entries live in memory and die with the call. Why: a whole-step solve may solve the same
+    graph again at a lower budget (the loss's memory, the generator states), and its menus do
+    not depend on the budget; without this each retry solved every subgraph again (GPT-96:
+    six minutes a retry). Values go through JSON as on disk, so every reader decodes exactly
+    what it would have read from a file."""
+
+    def __init__(self) -> None:
+        super().__init__(directory=None, enabled=True)
+        self._entries: dict[str, str] = {}
+
+    def get(self, key: Any, decode: Callable[[Any], Any] | None = None) -> Any | None:
+        text = self._entries.get(self.key_text(key))
+        if text is None:
+            self.misses += 1
+            return None
+        value = json.loads(text)
+        try:
+            result = decode(value) if decode is not None else value
+        except (FormatError, ValueError, TypeError, KeyError) as exc:  # never: we wrote it
+            log.debug("in-memory cache entry dropped (%s)", exc)
+            self.misses += 1
+            return None
+        self.hits += 1
+        return result
+
+    def put(self, key: Any, value: Any) -> None:
+        try:
+            self._entries[self.key_text(key)] = json.dumps(value, default=_plain)
+        except (TypeError, ValueError) as exc:
+            log.debug("in-memory cache entry not stored: the value is not plain data (%s)", exc)
