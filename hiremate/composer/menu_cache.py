@@ -207,10 +207,12 @@ class CallCache(MenuCache):
     graph again at a lower budget (the loss's memory, the generator states), and its menus do
     not depend on the budget; without this each retry solved every subgraph again (GPT-96:
     six minutes a retry). Values go through JSON as on disk, so every reader decodes exactly
-    what it would have read from a file."""
+    what it would have read from a file. ``enabled`` stays False: the schedule pool and
+    schedule reuse, which carry schedules from one budget to another, remain off as the
+    caller asked; only what ``get`` and ``put`` hold (menus, per-budget answers) is kept."""
 
     def __init__(self) -> None:
-        super().__init__(directory=None, enabled=True)
+        super().__init__(directory=None, enabled=False)
         self._entries: dict[str, str] = {}
 
     def get(self, key: Any, decode: Callable[[Any], Any] | None = None) -> Any | None:
