@@ -278,19 +278,20 @@ def test_ilp_timeout_without_incumbent_uses_the_next_solver(monkeypatch, caplog)
     assert sim.valid and sim.peak <= result.report["budget"]
 
 
-def test_a_whole_step_retry_reuses_its_menus_with_the_disk_cache_off(monkeypatch):
+def test_a_whole_step_retry_reuses_its_menus_with_the_disk_cache_off(tmp_path, monkeypatch):
     """With ``cache=False`` nothing is written to disk, but a whole-step retry (the loss's
     memory overflowed the first schedule) reuses the menus solved a moment before in the same
     call: the same schedule as solving them again, with cache hits and no file."""
     from hiremate.composer import menu_cache
 
-    g, cfg = _graph_and_cfg(cache=False)
+    g, cfg = _graph_and_cfg(cache=False, cache_dir=str(tmp_path))
     peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
-    loss_bytes = peak // 5  # held at the loss: the first schedule at the budget overflows
-    reused = solve_graph(g, int(0.9 * peak), "hiremate", loss_bytes, **cfg)
+    budget, loss_bytes = int(0.9 * peak), peak // 5  # the first schedule at the budget overflows
+    reused = solve_graph(g, budget, "hiremate", loss_bytes, **cfg)
     assert reused.report["cache_hits"] > 0  # a retry happened and found its menus
+    assert not list(tmp_path.rglob("*"))  # and nothing reached the disk
     monkeypatch.setattr(menu_cache, "CallCache", lambda: menu_cache.MenuCache(enabled=False))
-    again = solve_graph(g, int(0.9 * peak), "hiremate", loss_bytes, **cfg)
+    again = solve_graph(g, budget, "hiremate", loss_bytes, **cfg)
     assert again.report["cache_hits"] == 0
     assert again.schedule == reused.schedule
-    assert reused.report["predicted_peak"] <= int(0.9 * peak)
+    assert reused.report["predicted_peak"] <= budget
