@@ -101,7 +101,7 @@ def faster_eager(rows: list[dict[str, Any]], passes: int, rounds: int) -> None:
     """Measure every row's eager step again in ``passes - 1`` more passes over all the models
     and keep the fastest (``predicted_over_eager`` follows). Why: on a shared virtual machine
     the host's other work comes in bursts longer than one model's rounds, so the fastest of
-    one burst-hit run can be 50 % slow (and thread CPU time is no better there: the guest
+    one burst-hit run can be far too slow (and thread CPU time is no better there: the guest
     counts time taken from it as its own); passes spread over the whole run dodge them."""
     for _ in range(passes - 1):
         for row in rows:

@@ -18,7 +18,7 @@ from hiremate.graphbuilder.opinfo import op_kind, schema_name
 
 #: op classes of the roofline model; ``getitem`` is free and belongs to none.
 #: ``conv_pointwise``: 1x1 convolutions with unit stride, no padding and one group, which run
-#: as one matrix product (no unfolding, no per-group loop), so their fixed cost is a tenth of
+#: as one matrix product (no unfolding, no per-group loop), so their fixed cost is far below
 #: a general convolution's; ``batch_norm``: batch statistics and their backward (several
 #: passes, per-channel loops); ``norm``: the other normalisations and softmax; ``reduce``: sums,
 #: means and extrema (one pass, a small output); ``view``: ops that allocate nothing, whose

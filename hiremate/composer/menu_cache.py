@@ -205,11 +205,11 @@ class CallCache(MenuCache):
     """The cache of one :func:`hiremate.api.solve_graph` call when the disk cache is off:
     entries live in memory and die with the call. Why: a whole-step solve may solve the same
     graph again at a lower budget (the loss's memory, the generator states), and its menus do
-    not depend on the budget; without this each retry solved every subgraph again (GPT-96:
-    six minutes a retry). Values go through JSON as on disk, so every reader decodes exactly
-    what it would have read from a file. ``enabled`` stays False: the schedule pool and
-    schedule reuse, which carry schedules from one budget to another, remain off as the
-    caller asked; only what ``get`` and ``put`` hold (menus, per-budget answers) is kept."""
+    not depend on the budget, so a retry need not solve every subgraph again (docs/results.md,
+    GPT-96). Values go through JSON as on disk, so every reader decodes exactly what it would
+    have read from a file. ``enabled`` stays False: the schedule pool and schedule reuse,
+    which carry schedules from one budget to another, remain off as the caller asked; only
+    what ``get`` and ``put`` hold (menus, per-budget answers) is kept."""
 
     def __init__(self) -> None:
         super().__init__(directory=None, enabled=False)
@@ -220,15 +220,9 @@ class CallCache(MenuCache):
         if text is None:
             self.misses += 1
             return None
-        value = json.loads(text)
-        try:
-            result = decode(value) if decode is not None else value
-        except (FormatError, ValueError, TypeError, KeyError) as exc:  # never: we wrote it
-            log.debug("in-memory cache entry dropped (%s)", exc)
-            self.misses += 1
-            return None
         self.hits += 1
-        return result
+        value = json.loads(text)
+        return decode(value) if decode is not None else value
 
     def put(self, key: Any, value: Any) -> None:
         try:

@@ -282,15 +282,15 @@ def run_compile(model: nn.Module, sample: Any, spec: SweepSpec, fraction: float,
                                **paired})
 
 
-def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, preset: str,
+def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, method: str,
                  budget: int, twin: nn.Module | None = None,
                  graph: Any = None) -> MethodResult:
-    """:class:`hiremate.HRockmate` with ``config=preset`` and the sweep's overrides, on
-    ``graph`` when the sweep captured one for the model (else it captures its own); raises
-    :class:`hiremate.InfeasibleBudgetError` when no schedule fits."""
+    """:class:`hiremate.HRockmate` with the method's preset and the sweep's overrides, on
+    ``graph`` when the sweep captured one for the model (else it captures its own; always for
+    ``<preset>+loss``); raises :class:`hiremate.InfeasibleBudgetError` when no schedule fits."""
     from hiremate.api import HRockmate
 
-    preset, captured = preset_of(preset)
+    preset, captured = preset_of(method)
     start = time.perf_counter()
     if captured:  # the model's graph holds no loss: this one captures the model and its loss
         module = HRockmate(model, sample, budget, config=preset, loss_fn=output_loss,

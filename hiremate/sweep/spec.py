@@ -326,13 +326,12 @@ def parse_spec(data: Any, default_name: str = "sweep") -> SweepSpec:
             methods.append(m)
     if "eager" not in methods:  # the reference of every fraction and relative time
         methods.insert(0, "eager")
-    if any(b.floor for b in budgets) and not any(m not in PEERS and not preset_of(m)[1]
-                                                 for m in methods):
+    spec = SweepSpec(name=str(data.get("name") or default_name), models=models, budgets=budgets,
+                     methods=methods, description=str(data.get("description") or ""))
+    if any(b.floor for b in budgets) and spec.floor_preset is None:
         raise ConfigError("budget 'floor' is the lowest budget a hiremate preset meets with the "
                           "loss outside: add a preset (e.g. hiremate) to the methods, or remove "
                           "'floor'")
-    spec = SweepSpec(name=str(data.get("name") or default_name), models=models, budgets=budgets,
-                     methods=methods, description=str(data.get("description") or ""))
     if "repeats" in data:
         spec.repeats = _positive_int("repeats", data["repeats"])
     if "warmup" in data:
