@@ -72,6 +72,26 @@ def step_budget(budget: int | float | str, graph: Graph, loss_bytes: int) -> int
                           reference=step_peak(graph, autodiff_schedule(graph), loss_bytes))
 
 
+#: Reserving all that the solvers do not see costs at most this fraction of the budget; below
+#: it, the first overflow goes straight to the reserve that always works.
+CHEAP_RESERVE = 0.02
+
+
+def _hastened(reserves: list[int], full: int, budget: int) -> int:
+    """The least next reserve after an overflow, so that the walk takes few solves (each costs
+    about as much as the first: its schedule is new, only the menus are reused). Each new
+    schedule peaks where a little more of what the solvers miss is held, so walking down by
+    the last overflow alone can take many solves of small steps. When reserving everything
+    costs little of the budget it is taken at once; from the second overflow on, the reserve
+    goes at least halfway to it (kept below the budget, where the infeasible branch of
+    :func:`solve_whole_step` takes over)."""
+    if full <= CHEAP_RESERVE * budget:
+        return full
+    if len(reserves) < 2:
+        return 0
+    return (reserves[-1] + min(full, budget - 1)) // 2
+
+
 def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
                       loss_bytes: int):
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
@@ -80,7 +100,8 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     not see): solved at the budget, then, while the step overflows it, below both the budget
     less what overflowed and the peak the solvers saw of the overflowing schedule (or at the
     lowest budget the solvers meet, when that is above), and at last with room for every
-    random op's state at once."""
+    random op's state at once. The walk is hastened (:func:`_hastened`): each retry is a
+    whole solve."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
     # the most the solvers do not see: the loss, the output gradients autograd holds through
@@ -115,6 +136,7 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
         seen = simulate(graph, result.schedule).peak
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state,
                                 budget - seen + 1))
+        reserve = max(reserve, _hastened(reserves, full, budget))
         log.info("whole step %s over %s with %s reserved; next reserve %s", *map(
             fmt_bytes, (peak - budget, budget, reserves[-1], reserve)))
         if reserve >= budget or reserve <= reserves[-1]:

@@ -1,0 +1,69 @@
+"""The whole-step walk: how many solves it takes when the first schedule overflows the budget.
+
+Each retry is a whole solve (minutes on GPT-96), so the walk must not creep down by the last
+overflow alone. These tests drive :func:`solve_whole_step` with a stand-in solver whose
+schedules overflow by a set amount, so that the walk's choices are what is checked.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from hiremate.composer import whole_step
+from hiremate.config import load_config
+from hiremate.errors import InfeasibleBudgetError
+from hiremate.testing.synthetic import random_graph
+
+
+def _walk(monkeypatch, loss_bytes: int, budget: int, held: list[int]):
+    """Run the walk at ``budget`` with a stand-in solver whose k-th schedule peaks at the
+    budget it was asked for, where ``held[k]`` bytes that the solvers do not see are held
+    (nothing after the list); return what the walk reserved in each solve and the full
+    reserve (the loss's memory and the graph's output gradients)."""
+    graph = random_graph(5, 12)
+    asked: list[int] = []
+
+    def solve(g, nbytes, cfg, cache):
+        asked.append(nbytes)
+        return SimpleNamespace(schedule=(), report={})
+
+    def report(g, result, nbytes, loss):
+        k = len(asked) - 1
+        return asked[-1] + (held[k] if k < len(held) else 0)
+
+    monkeypatch.setattr(whole_step, "whole_step_report", report)
+    monkeypatch.setattr(whole_step, "simulate", lambda g, s: SimpleNamespace(peak=asked[-1]))
+    whole_step.solve_whole_step(graph, budget, load_config("hiremate"), None, solve, loss_bytes)
+    return [budget - a for a in asked], loss_bytes + graph.tangent_bytes
+
+
+def test_a_cheap_full_reserve_is_taken_at_the_first_overflow(monkeypatch):
+    """When reserving everything the solvers miss costs at most 2 % of the budget, one retry
+    settles the walk, however small the first overflow (GPT-96's first was a quarter of it)."""
+    loss, budget = 600_000, 48_000_000
+    reserves, full = _walk(monkeypatch, loss, budget, [200_000, 220_000, 250_000])
+    assert full <= whole_step.CHEAP_RESERVE * budget
+    assert reserves == [0, full]
+
+
+def test_a_dear_reserve_is_approached_by_halves(monkeypatch):
+    """When everything would cost much of the budget, the first retry moves by the overflow
+    and the later ones at least halfway to the full reserve, so small overflows cannot make
+    the walk creep."""
+    loss, budget = 400_000, 1_000_000
+    held = [1_000 * k for k in range(1, 400)]  # each schedule holds a little more than the last
+    reserves, full = _walk(monkeypatch, loss, budget, held)
+    assert full > whole_step.CHEAP_RESERVE * budget
+    assert reserves[1] == held[0]  # the first retry is not hastened
+    for before, after in zip(reserves[1:], reserves[2:]):
+        assert after >= (before + full) // 2
+    assert len(reserves) <= 3 + (full - reserves[1]).bit_length()
+
+
+def test_an_overflow_past_the_full_reserve_is_an_error(monkeypatch):
+    """A schedule that overflows even with everything reserved ends the walk with an error
+    that names the budget that always works."""
+    with pytest.raises(InfeasibleBudgetError, match="raise the budget"):
+        _walk(monkeypatch, 0, 1_000_000, [10**9] * 64)
