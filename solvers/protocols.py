@@ -107,12 +107,21 @@ def menu_of(solver: Any, graph: Graph, budgets: Iterable[Any]) -> list[Option]:
     return pareto_front(options)
 
 
-def compose_menu(composer: Any, problem: TopProblem, budgets: Iterable[Any]) -> list[Option]:
+def compose_menu(composer: Any, problem: TopProblem, budgets: Iterable[Any],
+                 ceiling: int | None = None) -> list[Option]:
     """The menu a composer gives the graph of ``problem`` (a subgraph whose children are the
     problem's blocks): its own ``compose_menu`` when it has one, else one :meth:`compose` per
-    distinct peak of ``budgets`` (ints or ``(peak, save)`` pairs), every candidate an option."""
-    if callable(getattr(composer, "compose_menu", None)):
-        return list(composer.compose_menu(problem, budgets))
+    distinct peak of ``budgets`` (ints or ``(peak, save)`` pairs), every candidate an option.
+    ``ceiling``: the highest peak of the whole budget grid when ``budgets`` is a part of it,
+    passed to a ``compose_menu`` that takes it (its models are then scaled as for the whole
+    grid)."""
+    own = getattr(composer, "compose_menu", None)
+    if callable(own):
+        import inspect
+
+        if ceiling is not None and "ceiling" in inspect.signature(own).parameters:
+            return list(own(problem, budgets, ceiling=ceiling))
+        return list(own(problem, budgets))
     from hiremate.solvers.menu import option_from_schedule
 
     options = []

@@ -99,35 +99,61 @@ def cut_menus(blocks: list[Block], menus: dict[str, list[Option]], total: int | 
         b.options = spread(menus[b.key], max(k, 1))
 
 
+#: The part of an inner unit's menu that runs the ``middle_flat`` solvers (the other parts are
+#: the composers at one peak of the unit's budget grid each).
+FLAT_PART = -1
+
+
+def inner_parts(graph: Graph, composers: list, flats: list, n_peak: int, n_save: int
+                ) -> list[int]:
+    """The parts one inner unit's menu is solved in, each a joblib task: one per distinct peak
+    of its budget grid (every composer at that peak's saves) and one for the flat solvers.
+    Why: a unit's MILPs ran one after the other in one task, and on ResNet-101 one unit's ten
+    MILPs were most of the hierarchy's time while the other worker idled."""
+    from hiremate.solvers.menu import budget_grid
+
+    peaks = sorted({p for p, _ in budget_grid(graph, n_peak, n_save)}) if composers else []
+    return list(range(len(peaks))) + [FLAT_PART]
+
+
 def solve_inner_task(graph: Graph, blocks: list[Block], tail: list[int],
                      composers: list[tuple[str, type, dict]], flats: list[tuple[str, type, dict]],
-                     n_peak: int, n_save: int) -> tuple[list[Option], float, dict[str, str]]:
-    """One inner unit's menu: every composer over its children's menus and every flat solver on
-    its whole graph, at the unit's budget grid. Runs in a joblib worker (picklable in and out;
-    solver classes travel with the task). Returns the Pareto front, seconds and errors."""
+                     n_peak: int, n_save: int, part: int = FLAT_PART
+                     ) -> tuple[list[Option], float, dict[str, str]]:
+    """One part (:func:`inner_parts`) of an inner unit's menu: every composer over its
+    children's menus at the ``part``-th peak of the unit's budget grid, or (``FLAT_PART``) the
+    store-all option and every flat solver on its whole graph at the whole grid. Runs in a
+    joblib worker (picklable in and out; solver classes travel with the task). Returns the
+    Pareto front, seconds and errors."""
     from hiremate.composer.menus import solve_menu_task
     from hiremate.solvers.menu import budget_grid
     from hiremate.solvers.protocols import compose_menu
 
     start = time.perf_counter()
+    errors: dict[str, str] = {}
+    if part == FLAT_PART:
+        options: list[Option] = [store_all_option(graph)]
+        for name, cls, params in flats:
+            opts, _, err = solve_menu_task(graph, name, cls, params, n_peak, n_save)
+            options.extend(opts)
+            if err and err != "not applicable":
+                errors[name] = err
+        return pareto_front(options), time.perf_counter() - start, errors
     problem = TopProblem(graph, blocks, tail)
     grid = budget_grid(graph, n_peak, n_save)
-    options: list[Option] = [store_all_option(graph)]
-    errors: dict[str, str] = {}
+    peaks = sorted({p for p, _ in grid})
+    options = []
     for name, cls, params in composers:
         try:
             composer = cls(**params)
-            options.extend(compose_menu(composer, problem, grid))
-        except InfeasibleBudgetError:  # no budget of the grid: the store-all option remains
+            options.extend(compose_menu(composer, problem,
+                                        [b for b in grid if b[0] == peaks[part]],
+                                        ceiling=peaks[-1]))
+        except InfeasibleBudgetError:  # no budget of this peak: the other parts may have some
             continue
         except Exception as exc:  # one composer failing must not stop the others
             errors[name] = f"{type(exc).__name__}: {exc}"
-    for name, cls, params in flats:
-        opts, _, err = solve_menu_task(graph, name, cls, params, n_peak, n_save)
-        options.extend(opts)
-        if err and err != "not applicable":
-            errors[name] = err
-    return pareto_front(options), time.perf_counter() - start, errors
+    return (pareto_front(options) if options else []), time.perf_counter() - start, errors
 
 
 def inner_params(name: str, params: dict) -> dict:
@@ -178,20 +204,28 @@ def solve_levels(units: list[Unit], cfg: Any, cache: Any) -> dict[str, Any]:
                 menus[key] = hit[0]
                 continue
             cut_menus([c.block for c in u.children], menus, cfg.total_options, cfg.n_options)
-            todo.append((u.block.graph, [c.block for c in u.children], u.tail, composers,
-                         flats, cfg.menu_peaks, cfg.menu_saves))
-            keys.append((key, ckey))
+            for part in inner_parts(u.block.graph, composers, flats, cfg.menu_peaks,
+                                    cfg.menu_saves):
+                todo.append((u.block.graph, [c.block for c in u.children], u.tail, composers,
+                             flats, cfg.menu_peaks, cfg.menu_saves, part))
+                keys.append((key, ckey))
         outs = run_tasks(cfg, solve_inner_task, todo, f"level {height + 1}: menus")
+        found: dict[str, tuple[list[Option], dict[str, str]]] = {}
         for (key, ckey), (opts, secs, errors) in zip(keys, outs):
+            every_opt, every_err = found.setdefault(key, ([], {}))
+            every_opt.extend(opts)
+            every_err.update(errors)
+        for key, ckey in dict(keys).items():
+            opts, errors = found[key]
             for name, err in errors.items():
                 log.warning("%s failed on a subgraph of %d nodes: %s", name,
                             len(unique[key].block.graph.nodes), err)
-            menus[key] = opts
+            menus[key] = pareto_front(opts)
             if not errors:
-                cache.put(ckey, encode_menu(opts, ""))
+                cache.put(ckey, encode_menu(menus[key], ""))
         facts["levels"].append({
             "height": height, "units": len(level), "unique": len(unique),
-            "solved": len(todo), "largest": max(len(u.children) for u in level),
+            "solved": len(dict(keys)), "largest": max(len(u.children) for u in level),
             "menu_sizes": sorted(len(menus[k]) for k in unique),
             "seconds": round(time.perf_counter() - t0, 3)})
         height += 1

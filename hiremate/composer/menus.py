@@ -29,11 +29,38 @@ def menu_budgets(solver: Any, graph: Graph, n_peak: int, n_save: int) -> list:
     return sorted({p for p, _ in grid})
 
 
+def menu_parts(solver: Any, graph: Graph, n_peak: int, n_save: int) -> list[int | None]:
+    """The parts a (block, solver) menu is solved in, each a joblib task: one per distinct
+    peak of the block's budget grid for a solver that takes ``(peak, save)`` pairs (one MILP
+    per budget, independent of the others), else the whole menu at once (``None``). Why: on
+    ResNet-101 one block's H-ILP menu was most of a level's time while the other worker
+    idled."""
+    from hiremate.solvers.menu import budget_grid
+
+    if not menu_pairs(solver):
+        return [None]
+    return list(range(len({p for p, _ in budget_grid(graph, n_peak, n_save)})))
+
+
+def merge_parts(outs: list[tuple[list[Option], float, str]]) -> tuple[list[Option], float, str]:
+    """One menu from its parts' (options, seconds, error): a part whose budgets were all
+    infeasible is no error when another part found options."""
+    options = [o for opts, _, _ in outs for o in opts]
+    errors = [err for _, _, err in outs if err]
+    if options:
+        errors = [e for e in errors if not e.startswith("InfeasibleBudgetError")]
+    elif errors and all(e == "not applicable" for e in errors):
+        errors = errors[:1]
+    return (pareto_front(options) if options else [], sum(secs for _, secs, _ in outs),
+            errors[0] if errors else "")
+
+
 def solve_menu_task(graph: Graph, name: str, cls: type, params: dict, n_peak: int,
-                    n_save: int) -> tuple[list[Option], float, str]:
-    """One (block, solver) menu: options, seconds, and an error text ('' when fine). Runs in a
-    joblib worker, so it takes and returns picklable values; the solver's class travels with
-    the task (a worker process does not see classes registered at run time)."""
+                    n_save: int, part: int | None = None) -> tuple[list[Option], float, str]:
+    """One (block, solver) menu, or its ``part``-th part (:func:`menu_parts`): options,
+    seconds, and an error text ('' when fine). Runs in a joblib worker, so it takes and
+    returns picklable values; the solver's class travels with the task (a worker process does
+    not see classes registered at run time)."""
     start = time.perf_counter()
     try:
         solver = cls(**params)
@@ -41,7 +68,11 @@ def solve_menu_task(graph: Graph, name: str, cls: type, params: dict, n_peak: in
             solver.name = name
         if not solver.applicable(graph):
             return [], time.perf_counter() - start, "not applicable"
-        options = menu_of(solver, graph, menu_budgets(solver, graph, n_peak, n_save))
+        budgets = menu_budgets(solver, graph, n_peak, n_save)
+        if part is not None:
+            peaks = sorted({p for p, _ in budgets})
+            budgets = [b for b in budgets if b[0] == peaks[part]]
+        options = menu_of(solver, graph, budgets)
         options = [o if o.solver == name else _with_solver(o, name) for o in options]
         return options, time.perf_counter() - start, ""
     except Exception as exc:  # one solver failing on one block must not stop the others
@@ -123,13 +154,20 @@ def solve_menus(blocks: list[Block], cfg: Any, cache: Any) -> dict[str, Any]:
     if tasks:
         from hiremate.registry import make_solver, solver_class
 
-        for n in cfg.bottom:  # bad parameters fail here, once, with a ConfigError
-            make_solver(n, cfg.solver_params.get(n, {}))
-        outs = run_tasks(cfg, solve_menu_task,
-                         [(unique[k].graph, n, solver_class(n), cfg.solver_params.get(n, {}),
-                           cfg.menu_peaks, cfg.menu_saves) for k, n, _ in tasks],
-                         "bottom level: menus")
-        for (key, name, ckey), (opts, secs, err) in zip(tasks, outs):
+        made = {n: make_solver(n, cfg.solver_params.get(n, {}))  # bad parameters fail here
+                for n in cfg.bottom}
+        args, owners = [], []
+        for k, n, _ in tasks:
+            for part in menu_parts(made[n], unique[k].graph, cfg.menu_peaks, cfg.menu_saves):
+                args.append((unique[k].graph, n, solver_class(n), cfg.solver_params.get(n, {}),
+                             cfg.menu_peaks, cfg.menu_saves, part))
+                owners.append((k, n))
+        outs = run_tasks(cfg, solve_menu_task, args, "bottom level: menus")
+        parts: dict[tuple[str, str], list] = {}
+        for owner, out in zip(owners, outs):
+            parts.setdefault(owner, []).append(out)
+        for key, name, ckey in tasks:
+            opts, secs, err = merge_parts(parts[(key, name)])
             results[(key, name)] = (opts, secs, err, False)
             if err in ("", "not applicable"):
                 cache.put(ckey, encode_menu(opts, err))

@@ -221,15 +221,18 @@ class HilpTop:
             lowest = sim_all.peak if lowest is None else min(lowest, sim_all.peak)
         return found, lowest
 
-    def compose_menu(self, problem: "TopProblem", budgets: "Iterable[tuple[int, int | None]]"
-             ) -> list["Option"]:
+    def compose_menu(self, problem: "TopProblem", budgets: "Iterable[tuple[int, int | None]]",
+                     ceiling: int | None = None) -> list["Option"]:
         """Options of ``problem.graph`` (a subgraph's CD-graph, whose loss node stands for the
         rest of the model) for the level above: the schedule of one MILP at each
         ``(peak, save)`` budget (:meth:`solve_at`), simulated and summarised by
         :func:`~hiremate.solvers.menu.option_from_schedule`; their Pareto front. A budget with
         no candidate (infeasible, or no solution in the time limit) is skipped; none at all
         raises :class:`~hiremate.errors.InfeasibleBudgetError`, as
-        :func:`~hiremate.solvers.menu.solve_menu` does."""
+        :func:`~hiremate.solvers.menu.solve_menu` does. ``ceiling`` (default: the highest
+        budget given): the peak that sets the MILPs' memory scale and the loose fallback
+        budget; a part of a budget grid passes the grid's top, so that its MILPs are the
+        whole grid's."""
         from hiremate.errors import InfeasibleBudgetError
         from hiremate.ir.option import pareto_front
         from hiremate.solvers.menu import option_from_schedule
@@ -241,12 +244,13 @@ class HilpTop:
         # one from above, so its schedule is within the budget as a rule)
         budgets = list(budgets)
         top = top_graph(problem, self.checkpoint, option_deps=self.option_deps)
-        unit = self.memory_unit(top, max(int(p) for p, _ in budgets))
+        ceiling = max([int(p) for p, _ in budgets] + ([] if ceiling is None else [ceiling]))
+        unit = self.memory_unit(top, ceiling)
         # the MILP's memory bounds the simulated one from above, so near a subgraph's own
         # floor (one node's peak dominating: a language model's head) a budget the simulator
         # meets can be infeasible for the MILP; such a budget falls back to the save bound
         # alone, then to the peak alone, so that options trading save for time still come
-        loose = 2 * max(int(p) for p, _ in budgets)
+        loose = 2 * ceiling
         options = []
         tried: set[tuple] = set()
         for peak, save in budgets:
