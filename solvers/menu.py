@@ -92,6 +92,19 @@ def budget_grid(graph: Graph, n_peak: int = 4, n_save: int = 3) -> list[tuple[in
     return [(int(p), int(s)) for p in peaks for s in saves]
 
 
+def grid_peaks(budgets: Iterable[tuple[int, int]]) -> list[int]:
+    """The distinct peaks of ``(peak, save)`` budgets, lowest first: a menu solved in parts
+    has one part per peak."""
+    return sorted({int(p) for p, _ in budgets})
+
+
+def part_of(budgets: Iterable[tuple[int, int]], part: int) -> list[tuple[int, int]]:
+    """The budgets of the ``part``-th peak (:func:`grid_peaks`)."""
+    budgets = list(budgets)
+    peak = grid_peaks(budgets)[part]
+    return [b for b in budgets if int(b[0]) == peak]
+
+
 def solve_menu(solver, graph: Graph, budgets: Iterable) -> list[Option]:
     """Solve ``graph`` for each budget (an int peak, or a ``(peak, save)`` pair); return the
     Pareto front of the options found. Infeasible budgets are skipped."""

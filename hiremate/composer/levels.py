@@ -107,12 +107,12 @@ FLAT_PART = -1
 def inner_parts(graph: Graph, composers: list, flats: list, n_peak: int, n_save: int
                 ) -> list[int]:
     """The parts one inner unit's menu is solved in, each a joblib task: one per distinct peak
-    of its budget grid (every composer at that peak's saves) and one for the flat solvers.
-    Why: a unit's MILPs ran one after the other in one task, and on ResNet-101 one unit's ten
-    MILPs were most of the hierarchy's time while the other worker idled."""
-    from hiremate.solvers.menu import budget_grid
+    of its budget grid (every composer at that peak's saves) and one for the flat solvers,
+    so that one unit's MILPs, run one after the other, do not keep one worker busy while the
+    others idle."""
+    from hiremate.solvers.menu import budget_grid, grid_peaks
 
-    peaks = sorted({p for p, _ in budget_grid(graph, n_peak, n_save)}) if composers else []
+    peaks = grid_peaks(budget_grid(graph, n_peak, n_save)) if composers else []
     return list(range(len(peaks))) + [FLAT_PART]
 
 
@@ -126,7 +126,7 @@ def solve_inner_task(graph: Graph, blocks: list[Block], tail: list[int],
     joblib worker (picklable in and out; solver classes travel with the task). Returns the
     Pareto front, seconds and errors."""
     from hiremate.composer.menus import solve_menu_task
-    from hiremate.solvers.menu import budget_grid
+    from hiremate.solvers.menu import budget_grid, grid_peaks, part_of
     from hiremate.solvers.protocols import compose_menu
 
     start = time.perf_counter()
@@ -141,19 +141,17 @@ def solve_inner_task(graph: Graph, blocks: list[Block], tail: list[int],
         return pareto_front(options), time.perf_counter() - start, errors
     problem = TopProblem(graph, blocks, tail)
     grid = budget_grid(graph, n_peak, n_save)
-    peaks = sorted({p for p, _ in grid})
     options = []
     for name, cls, params in composers:
         try:
             composer = cls(**params)
-            options.extend(compose_menu(composer, problem,
-                                        [b for b in grid if b[0] == peaks[part]],
-                                        ceiling=peaks[-1]))
+            options.extend(compose_menu(composer, problem, part_of(grid, part),
+                                        ceiling=grid_peaks(grid)[-1]))
         except InfeasibleBudgetError:  # no budget of this peak: the other parts may have some
             continue
         except Exception as exc:  # one composer failing must not stop the others
             errors[name] = f"{type(exc).__name__}: {exc}"
-    return (pareto_front(options) if options else []), time.perf_counter() - start, errors
+    return pareto_front(options), time.perf_counter() - start, errors
 
 
 def inner_params(name: str, params: dict) -> dict:
@@ -195,7 +193,7 @@ def solve_levels(units: list[Unit], cfg: Any, cache: Any) -> dict[str, Any]:
         unique: dict[str, Unit] = {}
         for u in level:
             unique.setdefault(u.key, u)
-        todo, keys = [], []
+        todo, keys, ckeys = [], [], {}
         for key, u in unique.items():
             ckey = {"kind": "level-menu", "graph": key,
                     "children": [c.key for c in u.children], "config": config_key}
@@ -204,28 +202,27 @@ def solve_levels(units: list[Unit], cfg: Any, cache: Any) -> dict[str, Any]:
                 menus[key] = hit[0]
                 continue
             cut_menus([c.block for c in u.children], menus, cfg.total_options, cfg.n_options)
+            ckeys[key] = ckey
             for part in inner_parts(u.block.graph, composers, flats, cfg.menu_peaks,
                                     cfg.menu_saves):
                 todo.append((u.block.graph, [c.block for c in u.children], u.tail, composers,
                              flats, cfg.menu_peaks, cfg.menu_saves, part))
-                keys.append((key, ckey))
+                keys.append(key)
         outs = run_tasks(cfg, solve_inner_task, todo, f"level {height + 1}: menus")
         found: dict[str, tuple[list[Option], dict[str, str]]] = {}
-        for (key, ckey), (opts, secs, errors) in zip(keys, outs):
-            every_opt, every_err = found.setdefault(key, ([], {}))
-            every_opt.extend(opts)
-            every_err.update(errors)
-        for key, ckey in dict(keys).items():
-            opts, errors = found[key]
+        for key, (opts, _, errors) in zip(keys, outs):
+            found.setdefault(key, ([], {}))[0].extend(opts)
+            found[key][1].update(errors)
+        for key, (opts, errors) in found.items():
             for name, err in errors.items():
                 log.warning("%s failed on a subgraph of %d nodes: %s", name,
                             len(unique[key].block.graph.nodes), err)
             menus[key] = pareto_front(opts)
             if not errors:
-                cache.put(ckey, encode_menu(menus[key], ""))
+                cache.put(ckeys[key], encode_menu(menus[key], ""))
         facts["levels"].append({
             "height": height, "units": len(level), "unique": len(unique),
-            "solved": len(dict(keys)), "largest": max(len(u.children) for u in level),
+            "solved": len(ckeys), "largest": max(len(u.children) for u in level),
             "menu_sizes": sorted(len(menus[k]) for k in unique),
             "seconds": round(time.perf_counter() - t0, 3)})
         height += 1

@@ -21,25 +21,24 @@ log = logging.getLogger(__name__)
 
 
 def menu_budgets(solver: Any, graph: Graph, n_peak: int, n_save: int) -> list:
-    from hiremate.solvers.menu import budget_grid
+    from hiremate.solvers.menu import budget_grid, grid_peaks
 
     grid = budget_grid(graph, n_peak, n_save)
     if menu_pairs(solver):
         return grid
-    return sorted({p for p, _ in grid})
+    return grid_peaks(grid)
 
 
 def menu_parts(solver: Any, graph: Graph, n_peak: int, n_save: int) -> list[int | None]:
     """The parts a (block, solver) menu is solved in, each a joblib task: one per distinct
     peak of the block's budget grid for a solver that takes ``(peak, save)`` pairs (one MILP
-    per budget, independent of the others), else the whole menu at once (``None``). Why: on
-    ResNet-101 one block's H-ILP menu was most of a level's time while the other worker
-    idled."""
-    from hiremate.solvers.menu import budget_grid
+    per budget, independent of the others), else the whole menu at once (``None``), so that
+    one block's MILPs do not keep one worker busy while the others idle."""
+    from hiremate.solvers.menu import budget_grid, grid_peaks
 
     if not menu_pairs(solver):
         return [None]
-    return list(range(len({p for p, _ in budget_grid(graph, n_peak, n_save)})))
+    return list(range(len(grid_peaks(budget_grid(graph, n_peak, n_save)))))
 
 
 def merge_parts(outs: list[tuple[list[Option], float, str]]) -> tuple[list[Option], float, str]:
@@ -49,10 +48,7 @@ def merge_parts(outs: list[tuple[list[Option], float, str]]) -> tuple[list[Optio
     errors = [err for _, _, err in outs if err]
     if options:
         errors = [e for e in errors if not e.startswith("InfeasibleBudgetError")]
-    elif errors and all(e == "not applicable" for e in errors):
-        errors = errors[:1]
-    return (pareto_front(options) if options else [], sum(secs for _, secs, _ in outs),
-            errors[0] if errors else "")
+    return pareto_front(options), sum(secs for _, secs, _ in outs), errors[0] if errors else ""
 
 
 def solve_menu_task(graph: Graph, name: str, cls: type, params: dict, n_peak: int,
@@ -70,8 +66,9 @@ def solve_menu_task(graph: Graph, name: str, cls: type, params: dict, n_peak: in
             return [], time.perf_counter() - start, "not applicable"
         budgets = menu_budgets(solver, graph, n_peak, n_save)
         if part is not None:
-            peaks = sorted({p for p, _ in budgets})
-            budgets = [b for b in budgets if b[0] == peaks[part]]
+            from hiremate.solvers.menu import part_of
+
+            budgets = part_of(budgets, part)
         options = menu_of(solver, graph, budgets)
         options = [o if o.solver == name else _with_solver(o, name) for o in options]
         return options, time.perf_counter() - start, ""
