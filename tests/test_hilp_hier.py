@@ -126,6 +126,35 @@ def test_checkpoint_option_recomputes_the_forward_and_keeps_no_phantom():
         assert recomputations(opt.fwd + (Compute(b.graph.loss),) + opt.bwd) == len(b.fwd)
 
 
+def test_a_slow_phantom_free_option_does_not_stand_in_for_the_checkpoint_option():
+    """A menu's own phantom-free option may recompute inside its forward (a least-memory
+    schedule): the plain checkpoint option, whose forward runs each node once, is added beside
+    it; one at least as good in every figure (the checkpoint itself) makes it redundant."""
+    from hiremate.ir.sequence import sequence_to_schedule
+
+    g = residual_chain(3)
+    problem = problem_of(g, SequencePartition())
+    checked = 0
+    for b in problem.blocks:
+        store = b.options[0]
+        if store.phantom == 0:
+            continue
+        sub = b.graph
+        fwd = [n.id for n in sub.fwd_nodes]
+        # forward run twice (the first copy of every value freed unused), loss, forward
+        # again, backward: keeps no phantom, and pays for its forward twice
+        slow = option_from_schedule(sub, sequence_to_schedule(
+            sub, fwd + fwd + [sub.loss] + fwd + [n.id for n in sub.bwd_nodes]), "slow")
+        assert slow.phantom == 0 and slow.fwd_time == pytest.approx(2 * store.fwd_time)
+        b.options = [store, slow]
+        (ck,) = checkpoint_options(b)
+        assert ck.phantom == 0 and ck.fwd_time == pytest.approx(store.fwd_time)
+        b.options = [store, ck]
+        assert checkpoint_options(b) == []
+        checked += 1
+    assert checked
+
+
 def test_only_options_whose_backward_needs_no_forward_of_their_own_stand_alone():
     """The checkpoint option keeps nothing but the outputs and recomputes what its backward
     reads: standalone. An option that keeps forward values for its backward is not; a

@@ -169,23 +169,29 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
 
 
 def checkpoint_options(block: "Block") -> list[Option]:
-    """The block's *checkpoint* option, when its menu lacks one with no phantom: the forward
-    keeps only the outputs, the backward recomputes the whole forward first. H-ILP's forward
-    always leaves its option's phantom (constraints 7-8), so without such an option a block
-    whose menu holds only large phantoms can never be recomputed from its input alone (what
-    rk-Rotor's ``Fc`` operation does)."""
+    """The block's *checkpoint* option, unless its menu has a phantom-free option at least as
+    good in every figure: the forward keeps only the outputs, the backward recomputes the
+    whole forward first. H-ILP's forward always leaves its option's phantom until the
+    block's backward (constraints 7-8), so a forward run for the block's outputs alone (what
+    rk-Rotor's ``Fc`` operation does) needs a phantom-free option. The menu's own phantom-free
+    option, when there is one, is often its least-memory schedule, whose forward recomputes
+    inside the block (several times the plain forward's time); with only that one, every
+    such forward pays its price or keeps a phantom it does not need until the backward."""
     from hiremate.solvers.menu import option_from_schedule
     from hiremate.ir.sequence import sequence_to_schedule
 
-    if any(o.phantom == 0 for o in block.options):
-        return []
     sub = block.graph
     fwd = [n.id for n in sub.fwd_nodes]
     seq = fwd + [sub.loss] + fwd + [n.id for n in sub.bwd_nodes]
     try:
-        return [option_from_schedule(sub, sequence_to_schedule(sub, seq), "checkpoint")]
+        ck = option_from_schedule(sub, sequence_to_schedule(sub, seq), "checkpoint")
     except Exception:  # an invalid sequence (should not happen): go without the option
         return []
+    if any(o.phantom == 0 and o.fwd_time <= ck.fwd_time and o.bwd_time <= ck.bwd_time
+           and o.fwd_peak <= ck.fwd_peak and o.bwd_peak <= ck.bwd_peak
+           for o in block.options):
+        return []
+    return [ck]
 
 
 def top_graph(problem: "TopProblem", checkpoint: bool = True,
