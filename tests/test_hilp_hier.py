@@ -129,7 +129,8 @@ def test_checkpoint_option_recomputes_the_forward_and_keeps_no_phantom():
 def test_a_slow_phantom_free_option_does_not_stand_in_for_the_checkpoint_option():
     """A menu's own phantom-free option may recompute inside its forward (a least-memory
     schedule): the plain checkpoint option, whose forward runs each node once, is added beside
-    it; one at least as good in every figure (the checkpoint itself) makes it redundant."""
+    it; a phantom-free option with a forward as fast (the checkpoint itself) makes it
+    redundant."""
     from hiremate.ir.sequence import sequence_to_schedule
 
     g = residual_chain(3)

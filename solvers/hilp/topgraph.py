@@ -168,10 +168,15 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
         standalone=phantom == 0 and held == out_b and not reads_fwd)
 
 
+#: a phantom-free option of the menu whose forward takes at most this many times the plain
+#: forward's stands in for the checkpoint option (each option more enlarges the top MILP)
+CHECKPOINT_SLACK = 1.5
+
+
 def checkpoint_options(block: "Block") -> list[Option]:
-    """The block's *checkpoint* option, unless its menu has a phantom-free option at least as
-    good in every figure: the forward keeps only the outputs, the backward recomputes the
-    whole forward first. H-ILP's forward always leaves its option's phantom until the
+    """The block's *checkpoint* option, unless its menu has a phantom-free option whose
+    forward takes at most :data:`CHECKPOINT_SLACK` times the plain forward's: the forward
+    keeps only the outputs, the backward recomputes the whole forward first. H-ILP's forward always leaves its option's phantom until the
     block's backward (constraints 7-8), so a forward run for the block's outputs alone (what
     rk-Rotor's ``Fc`` operation does) needs a phantom-free option. The menu's own phantom-free
     option, when there is one, is often its least-memory schedule, whose forward recomputes
@@ -187,8 +192,7 @@ def checkpoint_options(block: "Block") -> list[Option]:
         ck = option_from_schedule(sub, sequence_to_schedule(sub, seq), "checkpoint")
     except Exception:  # an invalid sequence (should not happen): go without the option
         return []
-    if any(o.phantom == 0 and o.fwd_time <= ck.fwd_time and o.bwd_time <= ck.bwd_time
-           and o.fwd_peak <= ck.fwd_peak and o.bwd_peak <= ck.bwd_peak
+    if any(o.phantom == 0 and o.fwd_time <= CHECKPOINT_SLACK * ck.fwd_time
            for o in block.options):
         return []
     return [ck]
