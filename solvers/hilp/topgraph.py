@@ -176,9 +176,10 @@ CHECKPOINT_SLACK = 1.5
 def checkpoint_options(block: "Block") -> list[Option]:
     """The block's *checkpoint* option, unless its menu has a phantom-free option whose
     forward takes at most :data:`CHECKPOINT_SLACK` times the plain forward's: the forward
-    keeps only the outputs, the backward recomputes the whole forward first. H-ILP's forward always leaves its option's phantom until the
-    block's backward (constraints 7-8), so a forward run for the block's outputs alone (what
-    rk-Rotor's ``Fc`` operation does) needs a phantom-free option. The menu's own phantom-free
+    keeps only the outputs, the backward recomputes the whole forward first. H-ILP's forward
+    always leaves its option's phantom until the block's backward (constraints 7-8), so a
+    forward run for the block's outputs alone (what rk-Rotor's ``Fc`` operation does) needs a
+    phantom-free option. The menu's own phantom-free
     option, when there is one, is often its least-memory schedule, whose forward recomputes
     inside the block (several times the plain forward's time); with only that one, every
     such forward pays its price or keeps a phantom it does not need until the backward."""
