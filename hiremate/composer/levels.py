@@ -141,12 +141,12 @@ def solve_inner_task(graph: Graph, blocks: list[Block], tail: list[int],
         return pareto_front(options), time.perf_counter() - start, errors
     problem = TopProblem(graph, blocks, tail)
     grid = budget_grid(graph, n_peak, n_save)
+    budgets, ceiling = part_of(grid, part), grid_peaks(grid)[-1]
     options = []
     for name, cls, params in composers:
         try:
             composer = cls(**params)
-            options.extend(compose_menu(composer, problem, part_of(grid, part),
-                                        ceiling=grid_peaks(grid)[-1]))
+            options.extend(compose_menu(composer, problem, budgets, ceiling=ceiling))
         except InfeasibleBudgetError:  # no budget of this peak: the other parts may have some
             continue
         except Exception as exc:  # one composer failing must not stop the others

@@ -179,24 +179,23 @@ def checkpoint_options(block: "Block") -> list[Option]:
     keeps only the outputs, the backward recomputes the whole forward first. H-ILP's forward
     always leaves its option's phantom until the block's backward (constraints 7-8), so a
     forward run for the block's outputs alone (what rk-Rotor's ``Fc`` operation does) needs a
-    phantom-free option. The menu's own phantom-free
-    option, when there is one, is often its least-memory schedule, whose forward recomputes
-    inside the block (several times the plain forward's time); with only that one, every
-    such forward pays its price or keeps a phantom it does not need until the backward."""
+    phantom-free option. The menu's own phantom-free option, when there is one, is often its
+    least-memory schedule, whose forward recomputes inside the block (several times the plain
+    forward's time); with only that one, every such forward pays its price or keeps a phantom
+    it does not need until the backward."""
     from hiremate.solvers.menu import option_from_schedule
     from hiremate.ir.sequence import sequence_to_schedule
 
     sub = block.graph
     fwd = [n.id for n in sub.fwd_nodes]
+    plain = sum(sub.nodes[k].time for k in fwd)  # the checkpoint option's forward time
+    if any(o.phantom == 0 and o.fwd_time <= CHECKPOINT_SLACK * plain for o in block.options):
+        return []
     seq = fwd + [sub.loss] + fwd + [n.id for n in sub.bwd_nodes]
     try:
-        ck = option_from_schedule(sub, sequence_to_schedule(sub, seq), "checkpoint")
+        return [option_from_schedule(sub, sequence_to_schedule(sub, seq), "checkpoint")]
     except Exception:  # an invalid sequence (should not happen): go without the option
         return []
-    if any(o.phantom == 0 and o.fwd_time <= CHECKPOINT_SLACK * ck.fwd_time
-           for o in block.options):
-        return []
-    return [ck]
 
 
 def top_graph(problem: "TopProblem", checkpoint: bool = True,
