@@ -211,11 +211,11 @@ def test_planted_pickles_never_run_in_a_full_solve(tmp_path, monkeypatch, where)
     g = residual_chain(4)
     marker = tmp_path / "pwned"
     payload = malicious_pickle(marker)
-    reference = solve_graph(g, 0.6, hier(tmp_path / "clean"))
     monkeypatch.setattr(mc, "MenuCache", KeyRecorder)  # solve_graph imports it at each call
     KeyRecorder.keys = []
     planted_dir = tmp_path / "planted"
-    solve_graph(g, 0.6, hier(tmp_path / "probe"))  # learns the keys a solve looks up
+    # a solve with an empty cache: the reference, and the keys a solve looks up
+    reference = solve_graph(g, 0.6, hier(tmp_path / "probe"))
     keys = list(KeyRecorder.keys)
     kinds = {k.get("kind") for k in keys}
     assert {"menu", "solve", "schedule-pool"} <= kinds

@@ -119,8 +119,17 @@ def test_fuzz_models_match_eager(case):
     check_model(*case)
 
 
-def test_every_layer_kind_at_a_low_budget():
-    """All kinds in one model at 30% of the autodiff peak (or the least the solvers reach)."""
+@pytest.mark.parametrize("kinds", [KINDS, KINDS[::-1]], ids=["forward", "reversed"])
+def test_every_layer_kind_at_a_low_budget(kinds):
+    """All kinds in one model at 30% of the autodiff peak (or the least the solvers reach), in
+    both orders (each kind before and after every other)."""
+    check_model(kinds, 0.3, 7)
+
+
+@pytest.mark.slow
+def test_every_layer_kind_twice_at_a_low_budget():
+    """Both orders in one model of 16 layers (two random ops: a whole-step walk that ends in
+    the solve without random reruns, about a minute and a half on two cores)."""
     check_model(KINDS + KINDS[::-1], 0.3, 7)
 
 

@@ -35,7 +35,9 @@ def test_front_keeps_only_undominated_schedules():
     assert [e[0] for e in front] == [b, a]  # by increasing peak; c and d are dominated
 
 
-@pytest.mark.parametrize("make", [lambda: random_graph(3, 14), lambda: residual_chain(8)],
+# seed 1: every budget below is feasible there; with seed 3, 0.75 and 0.65 were not, and each
+# infeasible budget cost a whole-step walk of 40-50 s (HiGHS proving infeasibility)
+@pytest.mark.parametrize("make", [lambda: random_graph(1, 14), lambda: residual_chain(8)],
                          ids=["random", "residual"])
 def test_second_pass_is_monotone_and_never_slower(tmp_path, make):
     """Solving every budget once fills the pool; solving them again then returns, at each
@@ -43,7 +45,7 @@ def test_second_pass_is_monotone_and_never_slower(tmp_path, make):
     a peak that only goes down with the budget."""
     g = make()
     cfg = load_config("hiremate", cache=True, cache_dir=str(tmp_path), **FAST)
-    budgets = [0.95, 0.85, 0.75, 0.65]
+    budgets = [0.95, 0.85, 0.75]
     first = {}
     for b in budgets:
         try:
