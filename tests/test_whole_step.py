@@ -67,3 +67,31 @@ def test_an_overflow_past_the_full_reserve_is_an_error(monkeypatch):
     that names the budget that always works."""
     with pytest.raises(InfeasibleBudgetError, match="raise the budget"):
         _walk(monkeypatch, 0, 1_000_000, [10**9] * 64)
+
+
+def test_a_budget_below_one_that_failed_is_not_solved_again(monkeypatch):
+    """Once the solvers fail at some budget, the walk never solves at that budget or a lower
+    one again (an exact solver's proof of infeasibility is its slowest solve, and a lower
+    budget only fails the same way); it ends with the error naming what always works."""
+    graph = random_graph(5, 12)
+    floor, held = 900_000, 30_000  # the solvers' lowest; what each schedule holds unseen
+    asked: list[int] = []
+    failed: list[int] = []
+
+    def solve(g, nbytes, cfg, cache):
+        assert not any(nbytes <= f for f in failed), (nbytes, failed)
+        asked.append(nbytes)
+        if nbytes < floor:
+            failed.append(nbytes)
+            raise InfeasibleBudgetError("below the floor", min_budget=floor)
+        return SimpleNamespace(schedule=(), report={})
+
+    monkeypatch.setattr(whole_step, "whole_step_report", lambda g, r, n, loss: asked[-1] + held)
+    monkeypatch.setattr(whole_step, "simulate", lambda g, s: SimpleNamespace(peak=asked[-1]))
+    budget, loss = floor + 20_000, 50_000
+    with pytest.raises(InfeasibleBudgetError) as info:
+        whole_step.solve_whole_step(graph, budget, load_config("hiremate"), None, solve, loss)
+    assert failed, "the walk never reached the floor"
+    assert info.value.min_budget == floor + loss + graph.tangent_bytes
+    # at the budget, below it (fails), at the floor (overflows); the next try is skipped
+    assert len(asked) == 3, asked

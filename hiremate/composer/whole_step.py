@@ -101,7 +101,8 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     less what overflowed and the peak the solvers saw of the overflowing schedule (or at the
     lowest budget the solvers meet, when that is above), and at last with room for every
     random op's state at once. The walk is hastened (:func:`_hastened`): each retry is a
-    whole solve."""
+    whole solve; and a budget at or below one at which the solvers failed ends the walk
+    without another solve."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
     # the most the solvers do not see: the loss, the output gradients autograd holds through
@@ -111,10 +112,17 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     full = loss_bytes + tangents + (per_state * (randoms + 1) if randoms else 0)
     reserves = [0]
     result = None
+    failed: tuple[int, InfeasibleBudgetError] | None = None  # the highest budget that failed
     while True:
         try:
+            if failed is not None and budget - reserves[-1] <= failed[0]:
+                # the solvers failed at this budget or a higher one already: solving again
+                # (H-ILP's proof of infeasibility is its slowest solve) would end the same way
+                raise failed[1]
             result = solve(graph, budget - reserves[-1], cfg, cache)
         except InfeasibleBudgetError as exc:
+            if failed is None or budget - reserves[-1] > failed[0]:
+                failed = (budget - reserves[-1], exc)
             low = exc.min_budget
             if reserves[-1] and low is not None and (
                     budget - reserves[-1] < low < budget - reserves[-2]):
