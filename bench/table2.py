@@ -9,7 +9,7 @@ For each case and each budget (``--budgets``, fractions of the autodiff peak; de
   (``--keep-flat``: the preset as it is); its overhead (relative time - 1), solve time, winner.
   Both sides solve the graph's own problem, the paper's: its nodes' peak within the budget, with
   none of what ``solve_graph`` reserves for the whole step (the loss, the output gradients and
-  the generator states of rerun random ops, 5 KiB each on the CPU);
+  the generator states of rerun random ops);
 - **flat**: the ``hilp`` solver on the whole graph with ``--flat-time`` seconds (default 600,
   the paper's setting), warm-started: its LP rounding and TW-Remat's schedules, which this
   script puts in index order first (``hiremate.solvers.hilp.flat.index_order``: the flat model first

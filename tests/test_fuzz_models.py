@@ -129,7 +129,7 @@ def test_every_layer_kind_at_a_low_budget(kinds):
 @pytest.mark.slow
 def test_every_layer_kind_twice_at_a_low_budget():
     """Both orders in one model of 16 layers (two random ops: a whole-step walk that ends in
-    the solve without random reruns, about a minute and a half on two cores)."""
+    the solve without random reruns, the slowest case of this file)."""
     check_model(KINDS + KINDS[::-1], 0.3, 7)
 
 
