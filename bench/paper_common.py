@@ -117,24 +117,28 @@ def graph_of(key: str, make: Callable[[], tuple[torch.nn.Module, Any]], cost: st
 # -- bounds ---------------------------------------------------------------------------------------
 def lower_bound(graph: Graph, budget: int, max_nodes: int, time_limit: float
                 ) -> tuple[float, str, float]:
-    """A time no schedule within ``budget`` beats, what it is, and the seconds it took: the LP
-    relaxation of the flat H-ILP (``"LP"``) on graphs of at most ``max_nodes`` compute nodes,
-    else autodiff's time (``"autodiff (trivial)"``; also when the LP stopped before its
-    optimum, ``"autodiff (LP stopped)"``). ``inf`` with ``"LP infeasible"``: nothing fits."""
+    """A time no schedule within ``budget`` beats (of those that first run the nodes in the
+    graph's order, as H-ILP's do), what it is, and the seconds it took: the larger of the
+    recompute cut bound (``"cut"``: :func:`hiremate.ir.time_bound.recompute_time_bound`, any
+    graph size, in milliseconds) and the LP relaxation of the flat H-ILP (``"LP"``) on graphs
+    of at most ``max_nodes`` compute nodes (``"cut (LP stopped)"`` when the LP stopped before
+    its optimum). ``inf`` with ``"LP infeasible"`` or ``"memory floor"``: nothing fits."""
+    from hiremate.ir.time_bound import recompute_time_bound
     from hiremate.solvers.hilp.flat import lower_bound as lp_bound
 
-    ad_time = hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).time
-    if len(graph.nodes) > max_nodes:
-        return ad_time, "autodiff (trivial)", 0.0
     start = time.perf_counter()
+    cut = recompute_time_bound(graph, budget)  # never below autodiff's time
+    if math.isinf(cut):
+        return cut, "memory floor", time.perf_counter() - start
+    if len(graph.nodes) > max_nodes:
+        return cut, "cut", time.perf_counter() - start
     value = lp_bound(graph, budget, time_limit=time_limit)
     took = time.perf_counter() - start
     if value is None:
-        return ad_time, "autodiff (LP stopped)", took
+        return cut, "cut (LP stopped)", took
     if math.isinf(value):
         return value, "LP infeasible", took
-    # every schedule runs each node once at least: autodiff's time bounds it too
-    return max(value, ad_time), "LP", took
+    return (value, "LP", took) if value > cut else (cut, "cut", took)
 
 
 def gap(time: float, bound: float) -> float:
