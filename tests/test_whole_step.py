@@ -95,3 +95,25 @@ def test_a_budget_below_one_that_failed_is_not_solved_again(monkeypatch):
     assert info.value.min_budget == floor + loss + graph.tangent_bytes
     # at the budget, below it (fails), at the floor (overflows); the next try is skipped
     assert len(asked) == 3, asked
+
+
+def test_the_report_times_the_whole_walk(monkeypatch):
+    """``solve_time`` is the walk's, not its last solve's (each solve's own report times only
+    itself), and ``whole_step_solves`` counts the solves: the tables users read take it."""
+    import time
+
+    graph = random_graph(5, 12)
+    asked: list[int] = []
+
+    def solve(g, nbytes, cfg, cache):
+        asked.append(nbytes)
+        time.sleep(0.05)
+        return SimpleNamespace(schedule=(), report={"solve_time": 0.05})
+
+    monkeypatch.setattr(whole_step, "whole_step_report",
+                        lambda g, r, n, loss: asked[-1] + (5_000 if len(asked) == 1 else 0))
+    monkeypatch.setattr(whole_step, "simulate", lambda g, s: SimpleNamespace(peak=asked[-1]))
+    result = whole_step.solve_whole_step(graph, 1_000_000, load_config("hiremate"), None, solve,
+                                         0)
+    assert len(asked) == 2 and result.report["whole_step_solves"] == 2
+    assert result.report["solve_time"] >= 0.1

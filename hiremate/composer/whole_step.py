@@ -11,6 +11,7 @@ caller that solves a graph (:func:`hiremate.api.solve_graph`, the sweeps) gets t
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from hiremate.config import Config
@@ -102,7 +103,9 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     lowest budget the solvers meet, when that is above), and at last with room for every
     random op's state at once. The walk is hastened (:func:`_hastened`): each retry is a
     whole solve; and a budget at or below one at which the solvers failed ends the walk
-    without another solve."""
+    without another solve. The report's ``solve_time`` is the whole walk's and
+    ``whole_step_solves`` says how many solves it took."""
+    start, solves = time.perf_counter(), 0
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
     # the most the solvers do not see: the loss, the output gradients autograd holds through
@@ -119,6 +122,7 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
                 # the solvers failed at this budget or a higher one already: solving again
                 # (H-ILP's proof of infeasibility is its slowest solve) would end the same way
                 raise failed[1]
+            solves += 1
             result = solve(graph, budget - reserves[-1], cfg, cache)
         except InfeasibleBudgetError as exc:
             if failed is None or budget - reserves[-1] > failed[0]:
@@ -138,6 +142,8 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
                 min_budget=low + full if low else None) from exc
         peak = whole_step_report(graph, result, budget, loss_bytes)
         if peak <= budget:
+            result.report.update(solve_time=time.perf_counter() - start,
+                                 whole_step_solves=solves)
             return result
         # an exact solver's fastest schedule stays the fastest at every budget down to the peak
         # it sees, so the next budget goes below that peak (not a walk down by the overflow)
@@ -150,6 +156,8 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
         if reserve >= budget or reserve <= reserves[-1]:
             kept = without_random_reruns(graph, budget, cfg, cache, solve, loss_bytes)
             if kept is not None:
+                kept.report.update(solve_time=time.perf_counter() - start,
+                                   whole_step_solves=solves + 1)
                 return kept
             raise InfeasibleBudgetError(
                 f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
