@@ -106,6 +106,7 @@ def row(m: PaperModel, args: argparse.Namespace) -> dict[str, Any]:
         "path": _path(report), "solver": report.get("solver"),
         "solve_s": round(report.get("solve_time", time.perf_counter() - start), 2),
         "relative_time": report["relative_time"], "relative_peak": report["relative_peak"],
+        "whole_step_solves": report.get("whole_step_solves"),
         "levels": report.get("levels"),
     })
     bound, kind, lp_s = lower_bound(graph, budget, args.lp_max_nodes, args.lp_time)

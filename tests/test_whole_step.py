@@ -39,13 +39,14 @@ def _walk(monkeypatch, loss_bytes: int, budget: int, held: list[int]):
     return [budget - a for a in asked], loss_bytes + graph.tangent_bytes
 
 
-def test_a_cheap_full_reserve_is_taken_at_the_first_overflow(monkeypatch):
-    """When reserving everything the solvers miss costs at most 2 % of the budget, one retry
-    settles the walk, however small the first overflow (GPT-96's first was a quarter of it)."""
+def test_a_cheap_full_reserve_is_taken_from_the_first_solve(monkeypatch):
+    """When reserving everything the solvers miss costs at most 2 % of the budget, the first
+    solve reserves it, and the walk ends there (on the paper's FNO3d the second solve had
+    doubled the time for an overflow of the output gradient alone)."""
     loss, budget = 600_000, 48_000_000
     reserves, full = _walk(monkeypatch, loss, budget, [200_000, 220_000, 250_000])
     assert full <= whole_step.CHEAP_RESERVE * budget
-    assert reserves == [0, full]
+    assert reserves == [full]
 
 
 def test_a_dear_reserve_is_approached_by_halves(monkeypatch):
@@ -114,6 +115,6 @@ def test_the_report_times_the_whole_walk(monkeypatch):
                         lambda g, r, n, loss: asked[-1] + (5_000 if len(asked) == 1 else 0))
     monkeypatch.setattr(whole_step, "simulate", lambda g, s: SimpleNamespace(peak=asked[-1]))
     result = whole_step.solve_whole_step(graph, 1_000_000, load_config("hiremate"), None, solve,
-                                         0)
+                                         100_000)  # a dear reserve: not taken up front
     assert len(asked) == 2 and result.report["whole_step_solves"] == 2
     assert result.report["solve_time"] >= 0.1

@@ -74,7 +74,7 @@ def step_budget(budget: int | float | str, graph: Graph, loss_bytes: int) -> int
 
 
 #: Reserving all that the solvers do not see costs at most this fraction of the budget; below
-#: it, the first overflow goes straight to the reserve that always works.
+#: it, the walk reserves it from the first solve (the reserve that always works).
 CHEAP_RESERVE = 0.02
 
 
@@ -98,7 +98,8 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
     the loss's memory, the output gradients autograd holds until the backward returns, and
     the generator states the executor saves for random ops it reruns, which the solvers do
-    not see): solved at the budget, then, while the step overflows it, below both the budget
+    not see): solved at the budget (less all of that when it costs at most
+    :data:`CHEAP_RESERVE` of the budget), then, while the step overflows it, below both the budget
     less what overflowed and the peak the solvers saw of the overflowing schedule (or at the
     lowest budget the solvers meet, when that is above), and at last with room for every
     random op's state at once. The walk is hastened (:func:`_hastened`): each retry is a
@@ -113,7 +114,10 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     # plus this always works (solved with all of it reserved)
     tangents = graph.tangent_bytes
     full = loss_bytes + tangents + (per_state * (randoms + 1) if randoms else 0)
-    reserves = [0]
+    # a cheap full reserve is taken from the first solve: the step's extras usually overflow
+    # a schedule that fills the budget (the output gradients are held through the backward,
+    # where such schedules peak), and a second solve costs as much as the first
+    reserves = [0, full] if 0 < full <= CHEAP_RESERVE * budget else [0]
     result = None
     failed: tuple[int, InfeasibleBudgetError] | None = None  # the highest budget that failed
     while True:
