@@ -112,6 +112,20 @@ def test_lower_bound_below_optimum():
         assert lb >= sum(n.time for n in g.nodes) - 1e-6  # every node runs at least once
 
 
+def test_large_relaxations_by_interior_point_give_the_simplex_bound(monkeypatch):
+    """Relaxations above ``LARGE_LP_COLUMNS`` columns go to HiGHS's interior point without
+    crossover (the simplex stalls on them); its bound is the simplex's to its tolerances."""
+    from hiremate.solvers.hilp import backends
+
+    g = random_graph(9, 8, max_fanin=2)
+    b = _budget(g, 0.5)
+    simplex = lower_bound(g, b)
+    monkeypatch.setattr(backends, "LARGE_LP_COLUMNS", 0)
+    interior = lower_bound(g, b)
+    assert math.isfinite(simplex) and interior == pytest.approx(simplex, rel=1e-6)
+    assert interior > sum(n.time for n in g.nodes)  # the budget makes something rerun
+
+
 def test_lower_bound_infeasible_is_inf():
     g = random_graph(2, 4, max_fanin=2)
     assert lower_bound(g, 1) == math.inf

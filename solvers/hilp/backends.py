@@ -240,6 +240,10 @@ def _new_highs():
     return h
 
 
+#: LP relaxations with more columns than this are solved by HiGHS's interior point method
+LARGE_LP_COLUMNS = 100_000
+
+
 def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResult:
     """HiGHS on one thread with a fixed seed: its branch and bound is then deterministic, and
     ``work`` (branch-and-bound nodes) is the limit that decides."""
@@ -272,6 +276,12 @@ def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResu
     h.setOptionValue("threads", 1)
     h.setOptionValue("random_seed", int(seed) % 2**31)
     h.setOptionValue("mip_max_nodes", int(min(max(work, 1), 2**31 - 1)))
+    if relax and A.shape[1] > LARGE_LP_COLUMNS:
+        # the simplex does not finish the relaxations of graphs of a few hundred compute
+        # nodes within minutes (docs/results.md); the interior point solves them to its
+        # tolerances, and a crossover to a vertex adds nothing to a bound
+        h.setOptionValue("solver", "ipm")
+        h.setOptionValue("run_crossover", "off")
     h.passModel(lp)
     if hint is not None and not relax:
         sol = highspy.HighsSolution()
