@@ -120,7 +120,7 @@ def lower_bound(graph: Graph, budget: int, max_nodes: int, time_limit: float
     """A time no schedule within ``budget`` beats (of those that first run the nodes in the
     graph's order, as H-ILP's do), what it is, and the seconds it took: the larger of the
     recompute cut bound (``"cut"``: :func:`hiremate.ir.time_bound.recompute_time_bound`, any
-    graph size, in milliseconds) and the LP relaxation of the flat H-ILP (``"LP"``) on graphs
+    graph size, fast) and the LP relaxation of the flat H-ILP (``"LP"``) on graphs
     of at most ``max_nodes`` compute nodes (``"cut (LP stopped)"`` when the LP stopped before
     its optimum). ``inf`` with ``"LP infeasible"`` or ``"memory floor"``: nothing fits."""
     from hiremate.ir.time_bound import recompute_time_bound

@@ -20,7 +20,7 @@ For each case and each budget (``--budgets``, fractions of the autodiff peak; de
   and its wall time;
 - **lower bound**, as an overhead: no schedule that first runs the nodes in the graph's order
   (the flat H-ILP's class) within the budget is faster; the larger of the recompute cut bound
-  (``cut``, :mod:`hiremate.ir.time_bound`, milliseconds) and the LP relaxation of the flat
+  (``cut``, :mod:`hiremate.ir.time_bound`, fast at any size) and the LP relaxation of the flat
   H-ILP (``LP``, ``--lp-time`` s; skipped above ``--lp-max-nodes`` compute nodes); the bound
   column says which.
 

@@ -1,9 +1,9 @@
-"""A lower bound on the time of any schedule within a budget, in milliseconds on any graph size.
+"""A lower bound on the time of any schedule within a budget, cheap on any graph size.
 
 Why: the LP relaxation of the flat H-ILP is the usual bound, but its size grows with the square
-of the graph (on a few hundred compute nodes it has a million rows and does not finish here),
-so the larger models had no bound at all, and a gap to the HiRemate paper's figures could not
-be told apart from a gap to what the graph allows.
+of the graph, so on the larger models it does not finish and they had no bound at all, and a
+gap to the HiRemate paper's figures could not be told apart from a gap to what the graph
+allows.
 
 The argument (a relaxation of the schedule at one moment): take a schedule that runs every node
 and runs them *first* in the graph's order (H-ILP's schedules and every phase-form schedule),
