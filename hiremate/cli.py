@@ -83,6 +83,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"{fmt_bytes(rep['autodiff_peak'])} ({rep['relative_peak']:.2f})")
     print(f"  {'predicted time / autodiff':38s} {rep['predicted_time'] * 1e3:.2f} ms / "
           f"{rep['autodiff_time'] * 1e3:.2f} ms ({rep['relative_time']:.2f})")
+    if rep.get("relative_time_bound"):
+        print(f"  {'lower bound (in-order schedules)':38s} {rep['time_bound'] * 1e3:.2f} ms "
+              f"({rep['relative_time_bound']:.2f})")
     eager = measure(model, *call_args, **kwargs)
     mine = measure(remat, *call_args, **kwargs)
     print(f"  {'':38s} {'eager':>12s} {'hiremate':>12s} {'ratio':>7s}")

@@ -19,6 +19,7 @@ from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.budget import resolve_budget
 from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
+from hiremate.ir.time_bound import recompute_time_bound
 from hiremate.units import fmt_bytes
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,19 @@ def _hastened(reserves: list[int], full: int, budget: int) -> int:
     return (reserves[-1] + min(full, budget - 1)) // 2
 
 
+def _finished(graph: Graph, result: Any, budget: int, start: float, solves: int):
+    """``result`` with the walk's figures in its report: its time, its solves, and the time no
+    in-order schedule within the budget beats (:func:`~hiremate.ir.time_bound.recompute_time_bound`
+    of the graph's own problem, which the whole step only tightens), so that a user reads how
+    far the schedule can be from the best."""
+    bound = recompute_time_bound(graph, budget)
+    autodiff = result.report.get("autodiff_time") or 0.0
+    result.report.update(solve_time=time.perf_counter() - start, whole_step_solves=solves,
+                         time_bound=bound,
+                         relative_time_bound=bound / autodiff if autodiff else None)
+    return result
+
+
 def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
                       loss_bytes: int):
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
@@ -104,8 +118,8 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     lowest budget the solvers meet, when that is above), and at last with room for every
     random op's state at once. The walk is hastened (:func:`_hastened`): each retry is a
     whole solve; and a budget at or below one at which the solvers failed ends the walk
-    without another solve. The report's ``solve_time`` is the whole walk's and
-    ``whole_step_solves`` says how many solves it took."""
+    without another solve. The report's ``solve_time`` is the whole walk's, and
+    :func:`_finished` adds how many solves it took and the bound on the time."""
     start, solves = time.perf_counter(), 0
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
@@ -146,9 +160,7 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
                 min_budget=low + full if low else None) from exc
         peak = whole_step_report(graph, result, budget, loss_bytes)
         if peak <= budget:
-            result.report.update(solve_time=time.perf_counter() - start,
-                                 whole_step_solves=solves)
-            return result
+            return _finished(graph, result, budget, start, solves)
         # an exact solver's fastest schedule stays the fastest at every budget down to the peak
         # it sees, so the next budget goes below that peak (not a walk down by the overflow)
         seen = simulate(graph, result.schedule).peak
@@ -160,9 +172,7 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
         if reserve >= budget or reserve <= reserves[-1]:
             kept = without_random_reruns(graph, budget, cfg, cache, solve, loss_bytes)
             if kept is not None:
-                kept.report.update(solve_time=time.perf_counter() - start,
-                                   whole_step_solves=solves + 1)
-                return kept
+                return _finished(graph, kept, budget, start, solves + 1)
             raise InfeasibleBudgetError(
                 f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
                 f"random-generator states it keeps, above the budget {fmt_bytes(budget)}; "
