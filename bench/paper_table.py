@@ -18,8 +18,9 @@ deterministic; ``measure``: timed on this machine) and solved once with the defa
   the bound column says which;
 - with ``--execute``: the model is built in float64 (graph, solve and run all in float64; an
   ``--cache``d graph is per dtype) and wrapped (``HRockmate.from_graph``, the same single
-  solve, for the whole step); the measured peak over the budget, the measured peak over eager PyTorch's (beside the
-  paper's observed relative peak) and the largest gradient difference from eager.
+  solve, for the whole step); the measured peak over the budget, the measured peak over eager
+  PyTorch's (beside the paper's observed relative peak) and the largest gradient difference
+  from eager.
 
 Run::
 
