@@ -114,6 +114,16 @@ def graph_of(key: str, make: Callable[[], tuple[torch.nn.Module, Any]], cost: st
     return graph, took
 
 
+def solve_own_problem(graph: Graph, budget: int, cfg: Any):
+    """The graph's own problem, the paper's: its peak within ``budget``, with none of what
+    :func:`hiremate.solve_graph` reserves for the whole step (the loss, the output gradients,
+    the generator states of rerun random ops); menus shared within this one solve."""
+    from hiremate.composer.menu_cache import CallCache
+    from hiremate.composer.solve import solve
+
+    return solve(graph, budget, cfg, CallCache())
+
+
 # -- bounds ---------------------------------------------------------------------------------------
 def lower_bound(graph: Graph, budget: int, max_nodes: int, time_limit: float
                 ) -> tuple[float, str, float]:

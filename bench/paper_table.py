@@ -46,13 +46,12 @@ import torch
 
 import hiremate
 from hiremate import zoo
-from hiremate.composer.menu_cache import CallCache
-from hiremate.composer.solve import solve
 from hiremate.errors import HiremateError
 from hiremate.zoo.paper import PaperModel
 
 from paper_common import (
     PAPER_TABLE3C, log, add_common_arguments, execute, fmt, gap, graph_of, lower_bound, make_config,
+    solve_own_problem,
 )
 
 HEADER = ("model", "compute nodes", "H-Partition d/s/u/l", "paper 3(b)", "path", "solver",
@@ -96,7 +95,7 @@ def row(m: PaperModel, args: argparse.Namespace) -> dict[str, Any]:
         elif args.whole_step:
             report = hiremate.solve_graph(graph, budget, cfg).report
         else:  # the graph's own problem, the paper's (no whole-step reserve)
-            report = solve(graph, budget, cfg, CallCache()).report
+            report = solve_own_problem(graph, budget, cfg).report
     except HiremateError as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
         return out

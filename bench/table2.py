@@ -57,12 +57,11 @@ import torch
 
 import hiremate
 from hiremate import zoo
-from hiremate.composer.menu_cache import CallCache
-from hiremate.composer.solve import solve
 from hiremate.errors import HiremateError
 from hiremate.solvers.hilp.flat import HilpSolver
 
-from paper_common import add_common_arguments, fmt, graph_of, lower_bound, make_config
+from paper_common import (add_common_arguments, fmt, graph_of, lower_bound, make_config,
+                          solve_own_problem)
 
 CASES: dict[str, Callable[[], tuple[torch.nn.Module, Any]]] = {
     "transformer-2-2": lambda: zoo.get("transformer", layers=2,
@@ -84,7 +83,7 @@ def hierarchical(graph, budget: int, args: argparse.Namespace) -> dict[str, Any]
     cfg = make_config(args.config, args.set, cache=False, calibrate=0, n_jobs=args.n_jobs,
                       progress=False, **extra)
     try:  # the graph's own problem, as the flat side solves it (no whole-step reserve)
-        res = solve(graph, budget, cfg, CallCache())
+        res = solve_own_problem(graph, budget, cfg)
     except HiremateError as exc:
         return {"hier_error": f"{type(exc).__name__}: {exc}"}
     r = res.report

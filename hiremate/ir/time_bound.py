@@ -10,11 +10,11 @@ and runs them *first* in the graph's order (H-ILP's schedules and every phase-fo
 within ``budget`` as :func:`hiremate.ir.simulator.simulate` counts memory. While node ``k`` runs
 for the first time, every value produced by a node before ``k`` and read by a node after ``k``
 (or kept to the end) is either in memory or made again after ``k``, by running its producer
-again. What must be in memory anyway (``k``'s inputs, outputs and overhead, the model outputs
-made before ``k``, which are never freed) leaves ``budget - mandatory`` for the rest; so the
-producers run again cost at least the cheapest set whose values, left out, bring the rest
-within that room: a knapsack, bounded below by its fractional relaxation (producers taken in
-increasing order of time per byte). Each moment gives a bound on the extra runs, the largest
+again. What must be in memory anyway (:func:`hiremate.ir.tracker.first_run_floors`: ``k``'s
+inputs, outputs and overhead, the model outputs made before ``k``) leaves ``budget -
+mandatory`` for the rest; so the producers run again cost at least the cheapest set whose
+values, left out, bring the rest within that room: a knapsack, bounded below by its fractional
+relaxation (producers taken in increasing order of time per byte). Each moment gives a bound on the extra runs, the largest
 of them bounds the schedule's time above running every node once. The bound ignores what
 a rerun itself needs (its inputs alive, perhaps rerun too), so it can be loose where
 recomputation cascades; it is exact when the budget leaves room for everything.
@@ -31,7 +31,7 @@ import numpy as np
 
 from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate
-from hiremate.ir.tracker import MemoryTracker, counted_sizes
+from hiremate.ir.tracker import counted_sizes, first_run_floors
 
 
 def recompute_time_bound(graph: Graph, budget: int) -> float:
@@ -68,12 +68,8 @@ def _largest_moment_cost(graph: Graph, budget: int) -> float:
     times = np.array([node.time for node in nodes], dtype=np.float64)
     weight_f = weight.astype(np.float64)
     worst = 0.0
-    for node in nodes:
+    for node, mandatory in zip(nodes, first_run_floors(graph)):
         k = node.id
-        made_outputs = {o for o in outputs if graph.data[o].producer is not None
-                        and graph.data[o].producer < k}
-        mandatory = MemoryTracker(graph, alive=set(node.inputs) | made_outputs,
-                                  sizes=sizes).during(k)
         if mandatory > budget:
             return math.inf
         live = (producer < k) & (stop > k)

@@ -281,16 +281,21 @@ class MemoryTracker:
 
 def memory_floor(graph: Graph) -> int:
     """A lower bound on the budget of any schedule that first runs the nodes in the graph's
-    order (H-ILP's schedules, and every phase-form schedule): while a node runs for the first
-    time its inputs, its outputs, its overhead and the model outputs produced before it (in
-    that order) are in memory. A solver that reorders independent nodes (FastSA) can go lower:
+    order (H-ILP's schedules, and every phase-form schedule): the largest of
+    :func:`first_run_floors`. A solver that reorders independent nodes (FastSA) can go lower:
     a model output produced later in its order is not yet held
     (``tests/test_fuzz_solvers.py::test_reordering_forward_ops_can_beat_memory_floor``)."""
+    return max(first_run_floors(graph), default=0)
+
+
+def first_run_floors(graph: Graph) -> list[int]:
+    """Per node, the memory while it runs for the first time in any schedule that first runs
+    the nodes in the graph's order, whatever else is freed: its inputs, its outputs, its
+    overhead and the model outputs produced before it (never freed) are in memory."""
     counted = counted_sizes(graph)
-    outs = set(graph.outputs)
-    floor = 0
+    outs = [o for o in graph.outputs if graph.data[o].producer is not None]
+    floors = []
     for node in graph.nodes:
-        held = set(node.inputs) | {o for o in outs if graph.data[o].producer is not None
-                                   and graph.data[o].producer < node.id}
-        floor = max(floor, MemoryTracker(graph, alive=held, sizes=counted).during(node.id))
-    return floor
+        held = set(node.inputs) | {o for o in outs if graph.data[o].producer < node.id}
+        floors.append(MemoryTracker(graph, alive=held, sizes=counted).during(node.id))
+    return floors
