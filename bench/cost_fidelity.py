@@ -51,16 +51,31 @@ HF_MODELS = {"hf-gpt2": "gpt2", "hf-llama": "llama", "hf-bert": "bert_mlm"}
 BUSY = "import time\nend = time.time() + 600\nwhile time.time() < end:\n    pass\n"
 
 
+DEVICE = torch.device("cpu")
+
+
+def _moved(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it (nested tuples, lists, dicts) on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_moved(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _moved(v, device) for k, v in value.items()}
+    return value
+
+
 def build_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
-    """(model, sample, loss_fn): a zoo model in float32, or a Hugging Face one (float64, default
-    arguments) from the capture table's builders."""
+    """(model, sample, loss_fn) on ``--device``: a zoo model in float32, or a Hugging Face one
+    (float64, default arguments) from the capture table's builders."""
     if name in HF_MODELS:
         import capture_zoo
 
         model, sample, loss_fn = getattr(capture_zoo, HF_MODELS[name])()
-        return model, sample, loss_fn
-    model, sample = zoo.get(name)
-    return model, sample, zoo.output_loss
+    else:
+        model, sample = zoo.get(name)
+        loss_fn = zoo.output_loss
+    return model.to(DEVICE), _moved(sample, DEVICE), loss_fn
 
 
 def _call(sample: Any) -> tuple[tuple, dict]:
@@ -180,7 +195,7 @@ def fit_stability(busy_processes: int, names: list[str]) -> list[dict[str, Any]]
         procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
         try:
             time.sleep(0.5 if busy else 0.0)
-            fits.append(roofline.calibrate(torch.device("cpu"), torch.float32))
+            fits.append(roofline.calibrate(DEVICE, torch.float32))
         finally:
             for process in procs:
                 process.kill()
@@ -221,8 +236,12 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=1,
                         help="with --time-only: measure eager this many times over all the "
                              "models and keep each one's fastest (shared machines)")
+    parser.add_argument("--device", default="cpu",
+                        help="where models run and are timed (cuda: CUDA events, allocator)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     names = args.models or [*zoo.names(), *HF_MODELS]
@@ -234,8 +253,11 @@ def main() -> None:
             for row in rows:
                 print(json.dumps(row), flush=True)
     for name in names:
-        row = (stability(name, args.cost, args.busy) if args.stability
-               else peak_and_time(name, args.cost, args.budget, args.rounds, args.time_only))
+        try:
+            row = (stability(name, args.cost, args.busy) if args.stability
+                   else peak_and_time(name, args.cost, args.budget, args.rounds, args.time_only))
+        except Exception as exc:  # one model's failure is a row of the table, not the end of it
+            row = {"model": name, "status": f"error: {type(exc).__name__}: {exc}"}
         rows.append(row)
         if args.json and args.passes <= 1:
             print(json.dumps(row), flush=True)
