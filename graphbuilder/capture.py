@@ -245,9 +245,8 @@ def _distinct(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple,
                  kwargs: dict, path: str) -> JointCapture:
-    from torch._functorch._aot_autograd.logging_utils import (
-        setup_stacktrace_preservation_hooks_from_tensors,
-    )
+    # the grad_fn form: torch 2.4-2.13 all have it (2.13's *_from_tensors wraps it)
+    from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
 
     named = dict(module.named_parameters(remove_duplicate=True))
     params = {k: v for k, v in named.items() if v.requires_grad}
@@ -303,7 +302,8 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         mode = get_proxy_mode()
         if mode is not None:
             marker["last"] = next(reversed(mode.tracer.graph.nodes)).name
-        setup_stacktrace_preservation_hooks_from_tensors(roots)
+        setup_stacktrace_preservation_hooks(
+            [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None])
         wrt = list(p.values()) + [ins[i] for i in wrt_inputs]
         grads = torch.autograd.grad(roots, wrt, tans, allow_unused=True)
         return flat, list(grads)
