@@ -301,7 +301,7 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         roots = [flat[i] for i in diff]
         mode = get_proxy_mode()
         if mode is not None:
-            marker["last"] = next(reversed(mode.tracer.graph.nodes)).name
+            marker["last"] = next(iter(reversed(mode.tracer.graph.nodes))).name
         setup_stacktrace_preservation_hooks(
             [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None])
         wrt = list(p.values()) + [ins[i] for i in wrt_inputs]

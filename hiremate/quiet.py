@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import threading
+import warnings
 from typing import Any, Iterator
 
 from hiremate.errors import ConfigError
@@ -123,6 +124,10 @@ class QuietContext:
     def __enter__(self) -> Any:
         stack = contextlib.ExitStack()
         stack.enter_context(silenced_fds(self.fds, self.what))
+        # and its Python-level notices (torch 2.11's profiler warns that it clears its events
+        # at the end of each cycle, which is what we want)
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.profiler")
         try:
             value = self.inner.__enter__()
         except BaseException:
