@@ -162,10 +162,12 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
         if peak <= budget:
             return _finished(graph, result, budget, start, solves)
         # an exact solver's fastest schedule stays the fastest at every budget down to the peak
-        # it sees, so the next budget goes below that peak (not a walk down by the overflow)
+        # it sees, so the next budget goes below that peak (not a walk down by the overflow);
+        # and it reserves at least what this schedule held beyond that peak (its step's
+        # extras), since the next one, solved like it, holds about as much
         seen = simulate(graph, result.schedule).peak
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state,
-                                budget - seen + 1))
+                                budget - seen + 1, peak - seen))
         reserve = max(reserve, _hastened(reserves, full, budget))
         log.info("whole step %s over %s with %s reserved; next reserve %s", *map(
             fmt_bytes, (peak - budget, budget, reserves[-1], reserve)))
