@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -56,13 +57,7 @@ DEVICE = torch.device("cpu")
 
 def _moved(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor in it (nested tuples, lists, dicts) on ``device``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_moved(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _moved(v, device) for k, v in value.items()}
-    return value
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, value)
 
 
 def build_model(name: str) -> tuple[torch.nn.Module, Any, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_hrockmate_zoo import grads
+from torch.utils._pytree import tree_map
 
 import hiremate
 from hiremate import zoo
@@ -27,24 +29,7 @@ MODELS = {
 
 
 def _moved(value, device):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_moved(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _moved(v, device) for k, v in value.items()}
-    return value
-
-
-def _grads(fn, model, sample):
-    args, kwargs = zoo.split_sample(sample)
-    for p in model.parameters():
-        p.grad = None
-    zoo.output_loss(fn(*args, **kwargs)).backward()
-    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    for p in model.parameters():
-        p.grad = None
-    return out
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, value)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -70,7 +55,7 @@ def check_on(name: str, device: torch.device, cost_model: str) -> None:
         remat = HRockmate.from_graph(model, graph, exc.min_budget, **settings)
     report = remat.report()
     assert hiremate.simulate(remat.graph, remat.schedule).peak <= report["budget"]
-    eager, mine = _grads(model, model, sample), _grads(remat, model, sample)
+    eager, mine = grads(model, model, sample), grads(remat, model, sample)
     assert eager.keys() == mine.keys()
     for key in eager:
         torch.testing.assert_close(mine[key], eager[key], rtol=1e-9, atol=1e-12,
