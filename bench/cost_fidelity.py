@@ -13,8 +13,10 @@ their default arguments, as in ``tests/capture_zoo.py``):
 - with ``--fit-stability N``: two roofline fits, the second beside ``N`` busy processes, and
   every model's predicted step under each;
 - with ``--stability``: the graph built twice with ``--cost``, the second time beside
-  ``--busy`` processes that keep a core busy each; the Spearman rank correlation of the two node-time vectors
-  and the ratio of their totals.
+  ``--busy`` processes that keep a core busy each; the Spearman rank correlation of the two
+  node-time vectors and the ratio of their totals;
+- with ``--device cuda``: all of it on the GPU (node times from CUDA events, peaks from the
+  caching allocator); ``bench/gpu_check.sh`` runs the GPU checks in one go.
 
 Run::
 

@@ -245,7 +245,8 @@ def _distinct(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple,
                  kwargs: dict, path: str) -> JointCapture:
-    # the grad_fn form: torch 2.4-2.13 all have it (2.13's *_from_tensors wraps it)
+    # the grad_fn form, which older releases have too (2.13's *_from_tensors wrapper, which
+    # this used before, is not in 2.11)
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
 
     named = dict(module.named_parameters(remove_duplicate=True))

@@ -39,8 +39,9 @@ def test_cuda_schedule_matches_eager_and_holds_its_budget(name):
 
 
 def check_on(name: str, device: torch.device, cost_model: str) -> None:
-    """Build, solve at 0.6 (or the least budget the step needs) with calibration off, and run ``name`` on ``device``; the gradients
-    are eager PyTorch's and the measured peak is the predicted one (2 % for the allocator)."""
+    """Build, solve at 0.6 (or the least budget the step needs) with calibration off, and run
+    ``name`` on ``device``; the gradients are eager PyTorch's and the measured peak is the
+    predicted one (2 % for the allocator)."""
     model, sample = zoo.get(name, dtype=torch.float64, **MODELS[name])
     model, sample = model.to(device), _moved(sample, device)
     graph = hiremate.build_graph(model, sample)
@@ -50,8 +51,8 @@ def check_on(name: str, device: torch.device, cost_model: str) -> None:
     try:
         remat = HRockmate.from_graph(model, graph, 0.6, **settings)
     except hiremate.InfeasibleBudgetError as exc:
-        # the allocator's 512-byte blocks raise a tiny model's floor (the mlp's to 0.8 of its
-        # peak on an H100): solve where the error says the step fits, as a user would
+        # the allocator's 512-byte blocks raise a tiny model's floor (the mlp's, on a GPU):
+        # solve where the error says the step fits, as a user would
         remat = HRockmate.from_graph(model, graph, exc.min_budget, **settings)
     report = remat.report()
     assert hiremate.simulate(remat.graph, remat.schedule).peak <= report["budget"]
