@@ -113,10 +113,9 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     the loss's memory, the output gradients autograd holds until the backward returns, and
     the generator states the executor saves for random ops it reruns, which the solvers do
     not see): solved at the budget (less all of that when it costs at most
-    :data:`CHEAP_RESERVE` of the budget), then, while the step overflows it, below the budget
-    less what overflowed and the peak the solvers saw of the overflowing schedule, less at
-    least what that schedule held beyond that peak (or at the lowest budget the solvers meet,
-    when that is above), and at last with room for
+    :data:`CHEAP_RESERVE` of the budget), then, while the step overflows it, below both the
+    budget less what overflowed and the peak the solvers saw of the overflowing schedule (or
+    at the lowest budget the solvers meet, when that is above), and at last with room for
     every random op's state at once. The walk is hastened (:func:`_hastened`): each retry is a
     whole solve; and a budget at or below one at which the solvers failed ends the walk
     without another solve. The report's ``solve_time`` is the whole walk's, and
@@ -163,12 +162,10 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
         if peak <= budget:
             return _finished(graph, result, budget, start, solves)
         # an exact solver's fastest schedule stays the fastest at every budget down to the peak
-        # it sees, so the next budget goes below that peak (not a walk down by the overflow);
-        # and it reserves at least what this schedule held beyond that peak (its step's
-        # extras), since the next one, solved like it, holds about as much
+        # it sees, so the next budget goes below that peak (not a walk down by the overflow)
         seen = simulate(graph, result.schedule).peak
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state,
-                                budget - seen + 1, peak - seen))
+                                budget - seen + 1))
         reserve = max(reserve, _hastened(reserves, full, budget))
         log.info("whole step %s over %s with %s reserved; next reserve %s", *map(
             fmt_bytes, (peak - budget, budget, reserves[-1], reserve)))
