@@ -14,10 +14,11 @@ again. What must be in memory anyway (:func:`hiremate.ir.tracker.first_run_floor
 inputs, outputs and overhead, the model outputs made before ``k``) leaves ``budget -
 mandatory`` for the rest; so the producers run again cost at least the cheapest set whose
 values, left out, bring the rest within that room: a knapsack, bounded below by its fractional
-relaxation (producers taken in increasing order of time per byte). Each moment gives a bound on the extra runs, the largest
-of them bounds the schedule's time above running every node once. The bound ignores what
-a rerun itself needs (its inputs alive, perhaps rerun too), so it can be loose where
-recomputation cascades; it is exact when the budget leaves room for everything.
+relaxation (producers taken in increasing order of time per byte). Each moment gives a bound
+on the extra runs, the largest of them bounds the schedule's time above running every node
+once. The bound ignores what a rerun itself needs (its inputs alive, perhaps rerun too), so it
+can be loose where recomputation cascades (convolution chains; docs/results.md compares it
+with a proven optimum); it is exact when the budget leaves room for everything.
 
 A solver that reorders independent nodes (FastSA) is outside that class and can in principle
 go below the bound, as it can go below :func:`hiremate.ir.tracker.memory_floor`.

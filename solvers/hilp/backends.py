@@ -10,9 +10,9 @@ decides is a *work* limit, counted by the solver in units that do not depend on 
 (:data:`DEFAULT_WORK` says which unit each backend counts), with one thread (or CP-SAT's
 deterministic interleaved search) and a fixed seed. The wall-clock ``time_limit`` stays as a
 safety cap far above the usual solve; a solve it stops is logged as a warning, since its result
-depends on the load. Why several backends: HiGHS is fast and always installed; CP-SAT is strong on the
-pure-binary structure and uses several workers; PuLP reaches CBC and, where installed, Gurobi
-(the solver the HiRemate paper used).
+depends on the load. Why several backends: HiGHS is fast and always installed; CP-SAT is
+strong on the pure-binary structure and uses several workers; PuLP reaches CBC and, where
+installed, Gurobi (the solver the HiRemate paper used).
 
 The backend asked for is the one that runs: when its package is missing, a
 :class:`~hiremate.errors.SolverError` says so (only ``backend="auto"`` picks one). Every backend
