@@ -279,14 +279,20 @@ def test_ilp_timeout_without_incumbent_uses_the_next_solver(monkeypatch, caplog)
 
 
 def test_a_whole_step_retry_reuses_its_menus_with_the_disk_cache_off(tmp_path, monkeypatch):
-    """With ``cache=False`` nothing is written to disk, but a whole-step retry (the loss's
-    memory overflowed the first schedule) reuses the menus solved a moment before in the same
-    call: the same schedule as solving them again, with cache hits and no file."""
+    """With ``cache=False`` nothing is written to disk, but a whole-step retry (the generator
+    states of three random ops, counted from the loss on, leave no schedule within the
+    budget, and the walk solves again without them) reuses the menus solved a moment before
+    in the same call: the same schedule as solving them again, with cache hits and no file."""
     from hiremate.composer import menu_cache
 
     g, cfg = _graph_and_cfg(cache=False, cache_dir=str(tmp_path))
     peak = hiremate.simulate(g, hiremate.autodiff_schedule(g)).peak
-    budget, loss_bytes = int(0.9 * peak), peak // 5  # the first schedule at the budget overflows
+    payload = g.to_dict()
+    for node in [n for n in payload["nodes"] if n["kind"] == "fwd"][:3]:
+        node["random"] = True
+    payload["meta"]["rng_state_bytes"] = peak // 10
+    g = hiremate.Graph.from_dict(payload)
+    budget, loss_bytes = peak, 0
     reused = solve_graph(g, budget, "hiremate", loss_bytes, **cfg)
     assert reused.report["cache_hits"] > 0  # a retry happened and found its menus
     assert not list(tmp_path.rglob("*"))  # and nothing reached the disk

@@ -1,4 +1,5 @@
-"""The whole-step walk: how many solves it takes when the first schedule overflows the budget.
+"""The whole step: what the solvers are shown, and how many solves the walk takes when a
+schedule still overflows the budget.
 
 Each retry is a whole solve (minutes on GPT-96), so the walk must not creep down by the last
 overflow alone. These tests drive :func:`solve_whole_step` with a stand-in solver whose
@@ -11,21 +12,39 @@ from types import SimpleNamespace
 
 import pytest
 
+import hiremate
 from hiremate.composer import whole_step
 from hiremate.config import load_config
 from hiremate.errors import InfeasibleBudgetError
+from hiremate.ir.graph import DataKind, Graph
 from hiremate.testing.synthetic import random_graph
 
 
-def _walk(monkeypatch, loss_bytes: int, budget: int, held: list[int]):
-    """Run the walk at ``budget`` with a stand-in solver whose k-th schedule peaks at the
-    budget it was asked for, where ``held[k]`` bytes that the solvers do not see are held
-    (nothing after the list); return what the walk reserved in each solve and the full
-    reserve (the loss's memory and the graph's output gradients)."""
-    graph = random_graph(5, 12)
+def _with_random_ops(graph: Graph, per_state: int, randoms: int = 3) -> Graph:
+    """``graph`` with its first ``randoms`` forward nodes drawing random numbers, each
+    generator state ``per_state`` bytes."""
+    payload = graph.to_dict()
+    for node in [n for n in payload["nodes"] if n["kind"] == "fwd"][:randoms]:
+        node["random"] = True
+    payload["meta"]["rng_state_bytes"] = per_state
+    return Graph.from_dict(payload)
+
+
+def _has_states(graph: Graph) -> bool:
+    return any(d.name == "generator_states" for d in graph.data)
+
+
+def _walk(monkeypatch, per_state: int, budget: int, held: list[int]):
+    """Run the walk at ``budget`` with a stand-in solver that finds nothing when the states
+    are counted, and whose k-th schedule without them peaks at the budget it was asked for,
+    where ``held[k]`` bytes of generator states are held (nothing after the list); return
+    what the walk reserved in each solve and the full reserve (every state at once)."""
+    graph = _with_random_ops(random_graph(5, 12), per_state)
     asked: list[int] = []
 
     def solve(g, nbytes, cfg, cache):
+        if _has_states(g):
+            raise InfeasibleBudgetError("the states do not fit", min_budget=None)
         asked.append(nbytes)
         return SimpleNamespace(schedule=(), report={})
 
@@ -35,29 +54,51 @@ def _walk(monkeypatch, loss_bytes: int, budget: int, held: list[int]):
 
     monkeypatch.setattr(whole_step, "whole_step_report", report)
     monkeypatch.setattr(whole_step, "simulate", lambda g, s: SimpleNamespace(peak=asked[-1]))
-    whole_step.solve_whole_step(graph, budget, load_config("hiremate"), None, solve, loss_bytes)
-    return [budget - a for a in asked], loss_bytes + graph.tangent_bytes
+    whole_step.solve_whole_step(graph, budget, load_config("hiremate"), None, solve, 0)
+    return [budget - a for a in asked], whole_step.rng_state_reserve(graph)
 
 
-def test_a_cheap_full_reserve_is_taken_from_the_first_solve(monkeypatch):
-    """When reserving everything the solvers miss costs at most 2 % of the budget, the first
-    solve reserves it, and the walk ends there (on the paper's FNO3d the second solve had
-    doubled the time for an overflow of the output gradient alone)."""
-    loss, budget = 600_000, 48_000_000
-    reserves, full = _walk(monkeypatch, loss, budget, [200_000, 220_000, 250_000])
+def test_the_solvers_see_the_whole_step_and_solve_once():
+    """The first solve is of the step's view: output gradients that may not be freed, the
+    loss's memory on the loss node, and every generator state from the loss on. When its
+    schedule fits, that is the only solve."""
+    graph = _with_random_ops(random_graph(5, 12), 5_000)
+    seen: list[Graph] = []
+
+    def solve(g, nbytes, cfg, cache):
+        seen.append(g)
+        return SimpleNamespace(schedule=hiremate.autodiff_schedule(graph), report={})
+
+    result = whole_step.solve_whole_step(graph, 10**9, load_config("hiremate"), None, solve,
+                                         777)
+    assert len(seen) == 1 and result.report["whole_step_solves"] == 1
+    view = seen[0]
+    assert not any(d.kind is DataKind.TANGENT for d in view.data)
+    assert {d.id for d in graph.data if d.kind is DataKind.TANGENT} <= set(view.final_data)
+    assert view.nodes[view.loss].overhead == graph.nodes[graph.loss].overhead + 777
+    states = [d for d in view.data if d.name == "generator_states"]
+    assert [d.size for d in states] == [5_000 * 4] and states[0].producer == graph.loss
+
+
+def test_a_cheap_full_reserve_is_taken_from_the_first_walk_solve(monkeypatch):
+    """When the states view finds nothing and reserving every state costs at most 2 % of the
+    budget, the walk's first solve reserves them, and the walk ends there."""
+    budget = 48_000_000
+    reserves, full = _walk(monkeypatch, 100_000, budget, [200_000, 220_000, 250_000])
     assert full <= whole_step.CHEAP_RESERVE * budget
     assert reserves == [full]
 
 
 def test_a_dear_reserve_is_approached_by_halves(monkeypatch):
-    """When everything would cost much of the budget, the first retry moves by the overflow
-    and the later ones at least halfway to the full reserve, so small overflows cannot make
-    the walk creep."""
-    loss, budget = 400_000, 1_000_000
+    """When the states would cost much of the budget, the first retry moves by the overflow
+    (at least one state) and the later ones at least halfway to the full reserve, so small
+    overflows cannot make the walk creep."""
+    budget = 1_000_000
     held = [1_000 * k for k in range(1, 400)]  # each schedule holds a little more than the last
-    reserves, full = _walk(monkeypatch, loss, budget, held)
+    per_state = 20_000
+    reserves, full = _walk(monkeypatch, per_state, budget, held)
     assert full > whole_step.CHEAP_RESERVE * budget
-    assert reserves[1] == held[0]  # the first retry is not hastened
+    assert reserves[1] == max(held[0], per_state)  # the first retry is not hastened
     for before, after in zip(reserves[1:], reserves[2:]):
         assert after >= (before + full) // 2
     assert len(reserves) <= 3 + (full - reserves[1]).bit_length()
@@ -67,19 +108,21 @@ def test_an_overflow_past_the_full_reserve_is_an_error(monkeypatch):
     """A schedule that overflows even with everything reserved ends the walk with an error
     that names the budget that always works."""
     with pytest.raises(InfeasibleBudgetError, match="raise the budget"):
-        _walk(monkeypatch, 0, 1_000_000, [10**9] * 64)
+        _walk(monkeypatch, 1_000, 1_000_000, [10**9] * 64)
 
 
 def test_a_budget_below_one_that_failed_is_not_solved_again(monkeypatch):
     """Once the solvers fail at some budget, the walk never solves at that budget or a lower
     one again (an exact solver's proof of infeasibility is its slowest solve, and a lower
     budget only fails the same way); it ends with the error naming what always works."""
-    graph = random_graph(5, 12)
+    graph = _with_random_ops(random_graph(5, 12), 10_000)
     floor, held = 900_000, 30_000  # the solvers' lowest; what each schedule holds unseen
     asked: list[int] = []
     failed: list[int] = []
 
     def solve(g, nbytes, cfg, cache):
+        if _has_states(g):
+            raise InfeasibleBudgetError("the states do not fit", min_budget=None)
         assert not any(nbytes <= f for f in failed), (nbytes, failed)
         asked.append(nbytes)
         if nbytes < floor:
@@ -89,11 +132,11 @@ def test_a_budget_below_one_that_failed_is_not_solved_again(monkeypatch):
 
     monkeypatch.setattr(whole_step, "whole_step_report", lambda g, r, n, loss: asked[-1] + held)
     monkeypatch.setattr(whole_step, "simulate", lambda g, s: SimpleNamespace(peak=asked[-1]))
-    budget, loss = floor + 20_000, 50_000
+    budget = floor + 20_000
     with pytest.raises(InfeasibleBudgetError) as info:
-        whole_step.solve_whole_step(graph, budget, load_config("hiremate"), None, solve, loss)
+        whole_step.solve_whole_step(graph, budget, load_config("hiremate"), None, solve, 0)
     assert failed, "the walk never reached the floor"
-    assert info.value.min_budget == floor + loss + graph.tangent_bytes
+    assert info.value.min_budget == floor + whole_step.rng_state_reserve(graph)
     # at the budget, below it (fails), at the floor (overflows); the next try is skipped
     assert len(asked) == 3, asked
 
@@ -103,7 +146,7 @@ def test_the_report_times_the_whole_walk(monkeypatch):
     itself), and ``whole_step_solves`` counts the solves: the tables users read take it."""
     import time
 
-    graph = random_graph(5, 12)
+    graph = _with_random_ops(random_graph(5, 12), 100_000)  # dear states: not reserved
     asked: list[int] = []
 
     def solve(g, nbytes, cfg, cache):
@@ -115,6 +158,6 @@ def test_the_report_times_the_whole_walk(monkeypatch):
                         lambda g, r, n, loss: asked[-1] + (5_000 if len(asked) == 1 else 0))
     monkeypatch.setattr(whole_step, "simulate", lambda g, s: SimpleNamespace(peak=asked[-1]))
     result = whole_step.solve_whole_step(graph, 1_000_000, load_config("hiremate"), None, solve,
-                                         100_000)  # a dear reserve: not taken up front
+                                         0)
     assert len(asked) == 2 and result.report["whole_step_solves"] == 2
     assert result.report["solve_time"] >= 0.1

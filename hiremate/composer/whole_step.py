@@ -1,11 +1,13 @@
-"""The whole training step within the budget: what the solvers do not see, reserved and checked.
+"""The whole training step within the budget: what the graph leaves out, shown to the solvers.
 
 The solvers schedule the graph's nodes; a training step also holds what the user's loss
 allocates, the output gradients autograd keeps until the backward returns, and the
 random-generator states the executor saves for the random ops a schedule reruns
-(:func:`hiremate.ir.simulator.step_peak`). :func:`solve_whole_step` solves at the budget and,
-while the step overflows it, again at a lower one; it lives here, below the API, so that every
-caller that solves a graph (:func:`hiremate.api.solve_graph`, the sweeps) gets the same rule.
+(:func:`hiremate.ir.simulator.step_peak`). :func:`solve_whole_step` gives the solvers a view of
+the graph in which all of that is memory they place (:func:`step_view`), and walks down to a
+lower budget only when a schedule still overflows; it lives here, below the API, so that
+every caller that solves a graph (:func:`hiremate.api.solve_graph`, the sweeps) gets the same
+rule.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from hiremate.config import Config
 from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.budget import resolve_budget
-from hiremate.ir.graph import Graph
+from hiremate.ir.graph import DataKind, Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
 from hiremate.ir.time_bound import recompute_time_bound
 from hiremate.units import fmt_bytes
@@ -25,15 +27,15 @@ from hiremate.units import fmt_bytes
 log = logging.getLogger(__name__)
 
 
-def without_random_reruns(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
-                           loss_bytes: int):
+def without_random_reruns(graph: Graph, view: Graph, budget: int, cfg: Config, solve: Any,
+                          loss_bytes: int):
     """A schedule that reruns no random op, when the states kept for reruns are what overflow
-    the budget (on a small model one state outweighs the activations): solved on a copy of the
-    graph whose random ops cost a thousand times their time, so that the solvers recompute
+    the budget (on a small model one state outweighs the activations): solved on a copy of
+    ``view`` whose random ops cost a thousand times their time, so that the solvers recompute
     anything else first; None when that schedule does not fit either."""
     if not any(n.random for n in graph.nodes) or not graph.meta.get("rng_state_bytes"):
         return None
-    payload = graph.to_dict()
+    payload = view.to_dict()
     longest = max((n["time"] for n in payload["nodes"]), default=0.0) or 1e-6
     for node in payload["nodes"]:
         if node.get("random"):
@@ -44,24 +46,67 @@ def without_random_reruns(graph: Graph, budget: int, cfg: Config, cache: Any, so
         result = solve(Graph.from_dict(payload), budget, cfg, MenuCache(enabled=False))
     except InfeasibleBudgetError:
         return None
-    schedule = tuple(result.schedule)
-    sim = simulate(graph, schedule)  # the real times, not the penalised ones
-    autodiff = simulate(graph, autodiff_schedule(graph))
-    result.sim = sim
-    result.report.update(predicted_time=sim.time, autodiff_time=autodiff.time,
-                         relative_time=sim.time / autodiff.time if autodiff.time else 1.0,
-                         random_reruns="avoided: their generator states would not fit")
+    result.report["random_reruns"] = "avoided: their generator states would not fit"
     return result if whole_step_report(graph, result, budget, loss_bytes) <= budget else None
 
 
+def step_view(graph: Graph, loss_bytes: int, rng_states: bool) -> Graph:
+    """``graph`` as the solvers see it when they schedule a whole training step, so that what
+    the executor holds beyond the graph's own values is theirs to place, not a reserve:
+
+    - the output gradients are of a kind that must be alive at the end: autograd hands them to
+      the executor's backward and holds them until it returns, so deleting one frees nothing;
+    - what the user's loss allocates is the loss node's temporary memory;
+    - with ``rng_states``, the loss node also makes a value, kept to the end, of the size of
+      every random op's generator state and one more (a rerun holds the state it
+      interrupts). Reruns come after the loss, as the solvers place them, so the states the
+      executor keeps from a random op's first run to its last rerun are counted where such
+      schedules peak; a state that no rerun needs is counted as well, and one kept for a
+      rerun before the loss is not (:func:`hiremate.ir.simulator.step_peak` checks).
+
+    Only data kinds, one overhead and at most one value change: node and data ids are the
+    graph's, so a schedule of the view runs on the graph."""
+    payload = graph.to_dict()
+    for datum in payload["data"]:
+        if datum["kind"] == DataKind.TANGENT.value:
+            datum["kind"] = DataKind.INPUT_GRAD.value
+    loss = payload["nodes"][graph.loss]
+    loss["overhead"] += int(loss_bytes)
+    states = rng_state_reserve(graph) if rng_states else 0
+    if states:
+        sid = len(payload["data"])
+        payload["data"].append({"id": sid, "name": "generator_states", "kind":
+                                DataKind.INPUT_GRAD.value, "shape": [states], "dtype": "uint8",
+                                "size": states, "producer": graph.loss, "aliases": []})
+        loss["outputs"].append(sid)
+    return Graph.from_dict(payload)
+
+
+def rng_state_reserve(graph: Graph) -> int:
+    """Bytes of every random op's generator state and the one a rerun interrupts: the most
+    the executor keeps for reruns at once (0 when the states are not in the budget)."""
+    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
+    randoms = sum(1 for n in graph.nodes if n.random)
+    return per_state * (randoms + 1) if per_state and randoms else 0
+
+
 def whole_step_report(graph: Graph, result: Any, budget: int, loss_bytes: int) -> int:
-    """Put the whole step's figures in ``result``'s report; return its predicted peak."""
+    """Put the whole step's figures in ``result``'s report, those of ``graph`` (the solvers saw
+    a view of it, whose times may be penalised and whose peaks are the step's); set its
+    simulation to the graph's; return the step's predicted peak."""
+    sim = result.sim = simulate(graph, tuple(result.schedule))
+    autodiff = autodiff_schedule(graph)
+    ad_time = simulate(graph, autodiff).time
     peak = step_peak(graph, result.schedule, loss_bytes)
+    ad_peak = step_peak(graph, autodiff, loss_bytes)
     randoms = graph.meta.get("rng_state_bytes") and any(n.random for n in graph.nodes)
     result.report.update(
         loss_bytes=loss_bytes, predicted_peak=peak, budget=int(budget),
-        rng_state_bytes=(step_peak(graph, result.schedule)
-                         - step_peak(graph, result.schedule, rng_states=False)) if randoms else 0)
+        predicted_time=sim.time, autodiff_time=ad_time,
+        relative_time=sim.time / ad_time if ad_time else 1.0,
+        autodiff_peak=ad_peak, relative_peak=peak / ad_peak if ad_peak else 1.0,
+        rng_state_bytes=(peak - step_peak(graph, result.schedule, loss_bytes, rng_states=False))
+        if randoms else 0)
     return peak
 
 
@@ -108,29 +153,47 @@ def _finished(graph: Graph, result: Any, budget: int, start: float, solves: int)
 
 
 def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
-                      loss_bytes: int):
+                     loss_bytes: int):
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
     the loss's memory, the output gradients autograd holds until the backward returns, and
-    the generator states the executor saves for random ops it reruns, which the solvers do
-    not see): solved at the budget (less all of that when it costs at most
-    :data:`CHEAP_RESERVE` of the budget), then, while the step overflows it, below both the
-    budget less what overflowed and the peak the solvers saw of the overflowing schedule (or
-    at the lowest budget the solvers meet, when that is above), and at last with room for
-    every random op's state at once. The walk is hastened (:func:`_hastened`): each retry is a
-    whole solve; and a budget at or below one at which the solvers failed ends the walk
-    without another solve. The report's ``solve_time`` is the whole walk's, and
-    :func:`_finished` adds how many solves it took and the bound on the time."""
+    the generator states the executor saves for random ops it reruns). The solvers see the
+    step (:func:`step_view`): first with every generator state counted from the loss on,
+    which fits in one solve unless the states alone are dear; when that view has no schedule
+    within the budget, or its schedule keeps a state for a rerun before the loss that
+    overflows, by the walk over the view without the states (:func:`_walk`). The report's
+    ``solve_time`` is the whole step's, and :func:`_finished` adds how many solves it took and
+    the bound on the time."""
     start, solves = time.perf_counter(), 0
+    if rng_state_reserve(graph):
+        solves += 1
+        try:
+            result = solve(step_view(graph, loss_bytes, rng_states=True), budget, cfg, cache)
+        except InfeasibleBudgetError as exc:
+            log.info("no schedule within %s with every generator state counted (%s); "
+                     "walking down without them", fmt_bytes(budget), exc)
+        else:
+            peak = whole_step_report(graph, result, budget, loss_bytes)
+            if peak <= budget:
+                return _finished(graph, result, budget, start, solves)
+            log.info("whole step %s over %s with every generator state counted (a state kept "
+                     "before the loss); walking down", fmt_bytes(peak - budget),
+                     fmt_bytes(budget))
+    return _walk(graph, budget, cfg, cache, solve, loss_bytes, start, solves)
+
+
+def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_bytes: int,
+          start: float, solves: int):
+    """Solve the view without the generator states (:func:`step_view`) at the budget (less
+    all of them when they cost at most :data:`CHEAP_RESERVE` of it), then, while the step
+    overflows, below both the budget less what overflowed and the peak the solvers saw of
+    the overflowing schedule (or at the lowest budget the solvers meet, when that is above),
+    and at last with room for every state at once. The walk is hastened (:func:`_hastened`):
+    each retry is a whole solve; and a budget at or below one at which the solvers failed
+    ends the walk without another solve. Without random ops it is one solve."""
+    view = step_view(graph, loss_bytes, rng_states=False)
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
-    # the most the solvers do not see: the loss, the output gradients autograd holds through
-    # the backward, every random op's state and an interrupted one; the solvers' lowest budget
-    # plus this always works (solved with all of it reserved)
-    tangents = graph.tangent_bytes
-    full = loss_bytes + tangents + (per_state * (randoms + 1) if randoms else 0)
-    # a cheap full reserve is taken from the first solve: the step's extras usually overflow
-    # a schedule that fills the budget (the output gradients are held through the backward,
-    # where such schedules peak), and a second solve costs as much as the first
+    full = rng_state_reserve(graph)  # the most the view leaves out: it always works
     reserves = [0, full] if 0 < full <= CHEAP_RESERVE * budget else [0]
     result = None
     failed: tuple[int, InfeasibleBudgetError] | None = None  # the highest budget that failed
@@ -141,7 +204,7 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
                 # (H-ILP's proof of infeasibility is its slowest solve) would end the same way
                 raise failed[1]
             solves += 1
-            result = solve(graph, budget - reserves[-1], cfg, cache)
+            result = solve(view, budget - reserves[-1], cfg, cache)
         except InfeasibleBudgetError as exc:
             if failed is None or budget - reserves[-1] > failed[0]:
                 failed = (budget - reserves[-1], exc)
@@ -153,24 +216,23 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
             if not full:
                 raise
             raise InfeasibleBudgetError(
-                f"{exc}; with what the loss allocates ({fmt_bytes(loss_bytes)}), the output "
-                f"gradients autograd holds ({fmt_bytes(tangents)}) and the "
-                f"random-generator states of the {randoms} random ops a schedule may rerun, "
-                f"the step needs at most {fmt_bytes(low + full) if low else 'more'}",
+                f"{exc}; with the random-generator states of the {randoms} random ops a "
+                f"schedule may rerun, the step needs at most "
+                f"{fmt_bytes(low + full) if low else 'more'}",
                 min_budget=low + full if low else None) from exc
         peak = whole_step_report(graph, result, budget, loss_bytes)
         if peak <= budget:
             return _finished(graph, result, budget, start, solves)
         # an exact solver's fastest schedule stays the fastest at every budget down to the peak
         # it sees, so the next budget goes below that peak (not a walk down by the overflow)
-        seen = simulate(graph, result.schedule).peak
+        seen = simulate(view, result.schedule).peak
         reserve = min(full, max(reserves[-1] + peak - budget, reserves[-1] + per_state,
                                 budget - seen + 1))
         reserve = max(reserve, _hastened(reserves, full, budget))
         log.info("whole step %s over %s with %s reserved; next reserve %s", *map(
             fmt_bytes, (peak - budget, budget, reserves[-1], reserve)))
         if reserve >= budget or reserve <= reserves[-1]:
-            kept = without_random_reruns(graph, budget, cfg, cache, solve, loss_bytes)
+            kept = without_random_reruns(graph, view, budget, cfg, solve, loss_bytes)
             if kept is not None:
                 return _finished(graph, kept, budget, start, solves + 1)
             raise InfeasibleBudgetError(

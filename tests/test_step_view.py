@@ -1,0 +1,72 @@
+"""The step's view (:func:`hiremate.composer.whole_step.step_view`) pinned to the simulator's
+whole-step rule (:func:`hiremate.ir.simulator.step_peak`), on random graphs with random ops.
+
+The solvers plan a whole training step on the view; what the executor holds is the rule's. So
+on every schedule whose reruns come after the loss (where the solvers place them):
+
+- without generator states (or without random ops) the view's peak *is* the step's peak:
+  output gradients held to the end, the loss's memory on the loss step;
+- with them it is never below the step's peak, so a schedule that fits the view fits the step;
+- a schedule of the view runs on the graph unchanged.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hiremate.composer.whole_step import rng_state_reserve, step_view
+from hiremate.ir.graph import Graph
+from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
+from hiremate.testing.fuzzgraphs import graph_from_spec, random_spec
+from test_executor_schedules import keep_schedule
+
+
+def _graph(seed: int, n_ops: int, random_ops: list[bool], per_state: int) -> Graph:
+    spec = random_spec(seed, n_ops, max_size=1000)
+    for op, drawn in zip(spec.ops, random_ops):
+        op.random = drawn
+    payload = graph_from_spec(spec).to_dict()
+    payload["meta"]["rng_state_bytes"] = per_state
+    return Graph.from_dict(payload)
+
+
+def _schedules(view: Graph, keep_seed: int):
+    """Store-everything and three recomputing schedules of the view: reruns in the backward."""
+    acts = [d.id for d in view.data if d.producer is not None and view.nodes[d.producer].is_fwd]
+    yield autodiff_schedule(view)
+    yield keep_schedule(view, ())
+    yield keep_schedule(view, acts[keep_seed % 2::2])
+    yield keep_schedule(view, acts[keep_seed % 3::3])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), n_ops=st.integers(2, 9),
+       random_ops=st.lists(st.booleans(), min_size=9, max_size=9),
+       per_state=st.sampled_from([0, 1, 500, 5056]), loss_bytes=st.integers(0, 3000),
+       keep_seed=st.integers(0, 5))
+def test_the_view_is_the_step(seed, n_ops, random_ops, per_state, loss_bytes, keep_seed):
+    graph = _graph(seed, n_ops, random_ops, per_state)
+    exact = step_view(graph, loss_bytes, rng_states=False)
+    counted = step_view(graph, loss_bytes, rng_states=True)
+    assert (len(counted.data) > len(graph.data)) == bool(rng_state_reserve(graph))
+    for schedule in _schedules(exact, keep_seed):
+        seen = simulate(exact, schedule)
+        assert seen.valid, seen.error
+        assert simulate(graph, schedule).valid  # ids are the graph's
+        assert seen.peak == step_peak(graph, schedule, loss_bytes, rng_states=False)
+        with_states = simulate(counted, schedule)
+        assert with_states.valid, with_states.error
+        assert with_states.peak >= step_peak(graph, schedule, loss_bytes)
+        if not rng_state_reserve(graph):
+            assert with_states.peak == seen.peak
+
+
+def test_a_schedule_that_frees_an_output_gradient_is_refused_by_the_view():
+    """The view's output gradients cannot be freed: a solver that frees one (which frees
+    nothing while autograd holds it) is told so by the simulator."""
+    graph = _graph(3, 6, [False] * 9, 0)
+    schedule = keep_schedule(graph, ())  # made on the graph: it frees the output gradients
+    assert simulate(graph, schedule).valid
+    view = step_view(graph, 0, rng_states=False)
+    assert not simulate(view, schedule).valid
