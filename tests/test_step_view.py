@@ -2,7 +2,7 @@
 whole-step rule (:func:`hiremate.ir.simulator.step_peak`), on random graphs with random ops.
 
 The solvers plan a whole training step on the view; what the executor holds is the rule's. So
-on every schedule whose reruns come after the loss (where the solvers place them):
+on every schedule:
 
 - without generator states (or without random ops) the view's peak *is* the step's peak:
   output gradients held to the end, the loss's memory on the loss step;
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from hiremate.composer.whole_step import rng_state_reserve, step_view
 from hiremate.ir.graph import Graph
+from hiremate.ir.schedule import Compute
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
 from hiremate.testing.fuzzgraphs import graph_from_spec, random_spec
 from test_executor_schedules import keep_schedule
@@ -32,12 +33,22 @@ def _graph(seed: int, n_ops: int, random_ops: list[bool], per_state: int) -> Gra
 
 
 def _schedules(view: Graph, keep_seed: int):
-    """Store-everything and three recomputing schedules of the view: reruns in the backward."""
+    """Store-everything and three recomputing schedules of the view (reruns in the backward),
+    and each of them with one random op rerun once more, at every place where it may run
+    (reruns in the forward, between reruns, after the last)."""
     acts = [d.id for d in view.data if d.producer is not None and view.nodes[d.producer].is_fwd]
-    yield autodiff_schedule(view)
-    yield keep_schedule(view, ())
-    yield keep_schedule(view, acts[keep_seed % 2::2])
-    yield keep_schedule(view, acts[keep_seed % 3::3])
+    bases = [autodiff_schedule(view), keep_schedule(view, ()),
+             keep_schedule(view, acts[keep_seed % 2::2]),
+             keep_schedule(view, acts[keep_seed % 3::3])]
+    randoms = [n.id for n in view.nodes if n.random]
+    for base in bases:
+        yield base
+        for node in randoms[keep_seed % 2::2]:
+            first = base.index(Compute(node))
+            for at in range(first + 1, len(base) + 1):
+                rerun = base[:at] + (Compute(node),) + base[at:]
+                if simulate(view, rerun).valid:
+                    yield rerun
 
 
 @settings(max_examples=60, deadline=None)

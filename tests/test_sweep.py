@@ -291,7 +291,8 @@ def test_floor_budget_is_the_lowest_the_first_preset_meets(tmp_path, steps):
         assert cell["budget_bytes"] == guaranteed and below is None
         assert cell["extra"]["floor_solves"] == 1
     else:
-        assert cell["budget_bytes"] < guaranteed  # the reserves the error adds are not all needed
+        # the solvers see the whole step, so the error's budget is theirs: no reserve to shed
+        assert cell["budget_bytes"] <= guaranteed
         assert below is not None and below < cell["budget_bytes"]
         with pytest.raises(InfeasibleBudgetError):
             solve_graph(graph, below, "rotor", loss_bytes, cache=False)

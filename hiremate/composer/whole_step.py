@@ -57,28 +57,30 @@ def step_view(graph: Graph, loss_bytes: int, rng_states: bool) -> Graph:
     - the output gradients are of a kind that must be alive at the end: autograd hands them to
       the executor's backward and holds them until it returns, so deleting one frees nothing;
     - what the user's loss allocates is the loss node's temporary memory;
-    - with ``rng_states``, the loss node also makes a value, kept to the end, of the size of
-      every random op's generator state and one more (a rerun holds the state it
-      interrupts). Reruns come after the loss, as the solvers place them, so the states the
-      executor keeps from a random op's first run to its last rerun are counted where such
-      schedules peak; a state that no rerun needs is counted as well, and one kept for a
-      rerun before the loss is not (:func:`hiremate.ir.simulator.step_peak` checks).
+    - with ``rng_states``, every random op also makes its generator state, a model output (so
+      never freed, nor made again by a rerun): the executor keeps it from the op's first run
+      to its last rerun, and a rerun also holds the state it interrupts, which the view
+      counts as the rerun's second copy of its outputs. A state that no rerun needs is
+      counted as well: the price of a view that fits the step in one solve.
 
-    Only data kinds, one overhead and at most one value change: node and data ids are the
-    graph's, so a schedule of the view runs on the graph."""
+    Only data kinds, one overhead and new values change: node and data ids are the graph's,
+    so a schedule of the view runs on the graph."""
     payload = graph.to_dict()
     for datum in payload["data"]:
         if datum["kind"] == DataKind.TANGENT.value:
             datum["kind"] = DataKind.INPUT_GRAD.value
-    loss = payload["nodes"][graph.loss]
-    loss["overhead"] += int(loss_bytes)
-    states = rng_state_reserve(graph) if rng_states else 0
-    if states:
-        sid = len(payload["data"])
-        payload["data"].append({"id": sid, "name": "generator_states", "kind":
-                                DataKind.INPUT_GRAD.value, "shape": [states], "dtype": "uint8",
-                                "size": states, "producer": graph.loss, "aliases": []})
-        loss["outputs"].append(sid)
+    payload["nodes"][graph.loss]["overhead"] += int(loss_bytes)
+    if rng_states and rng_state_reserve(graph):
+        per_state = int(graph.meta["rng_state_bytes"])
+        for node in payload["nodes"]:
+            if node["random"]:
+                sid = len(payload["data"])
+                payload["data"].append({
+                    "id": sid, "name": f"generator_state_{node['id']}",
+                    "kind": DataKind.ACTIVATION.value, "shape": [per_state], "dtype": "uint8",
+                    "size": per_state, "producer": node["id"], "aliases": []})
+                node["outputs"].append(sid)
+                payload["outputs"].append(sid)
     return Graph.from_dict(payload)
 
 
@@ -157,10 +159,9 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
     the loss's memory, the output gradients autograd holds until the backward returns, and
     the generator states the executor saves for random ops it reruns). The solvers see the
-    step (:func:`step_view`): first with every generator state counted from the loss on,
-    which fits in one solve unless the states alone are dear; when that view has no schedule
-    within the budget, or its schedule keeps a state for a rerun before the loss that
-    overflows, by the walk over the view without the states (:func:`_walk`). The report's
+    step (:func:`step_view`): first with every generator state counted, which fits in one
+    solve unless the states alone are dear; when that view has no schedule within the budget,
+    by the walk over the view without the states (:func:`_walk`). The report's
     ``solve_time`` is the whole step's, and :func:`_finished` adds how many solves it took and
     the bound on the time."""
     start, solves = time.perf_counter(), 0
@@ -175,9 +176,9 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
             peak = whole_step_report(graph, result, budget, loss_bytes)
             if peak <= budget:
                 return _finished(graph, result, budget, start, solves)
-            log.info("whole step %s over %s with every generator state counted (a state kept "
-                     "before the loss); walking down", fmt_bytes(peak - budget),
-                     fmt_bytes(budget))
+            log.warning("whole step %s over %s with every generator state counted: the "
+                        "view missed some memory; walking down", fmt_bytes(peak - budget),
+                        fmt_bytes(budget))
     return _walk(graph, budget, cfg, cache, solve, loss_bytes, start, solves)
 
 

@@ -114,7 +114,8 @@ def find_floors(spec: SweepSpec, cells: list[Any], references: dict[str, dict[st
     graph.
 
     A one-byte solve's infeasibility error gives a budget that is guaranteed to work, but it
-    is only an upper bound: it adds every reserve the solvers do not see at once. So up to
+    may be only an upper bound: the solvers' own lowest budget is not always their floor
+    (a heuristic's), and for random ops it adds every generator state at once. So up to
     ``spec.floor_steps`` more solves bisect between that budget and the graph's memory floor
     (:func:`hiremate.ir.simulator.step_memory_floor`, below which no in-order schedule runs),
     each feasible one lowering the floor to its predicted whole-step peak, until the bracket is
