@@ -20,7 +20,7 @@ from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.graph import DataKind
 from hiremate.ir.blocks import TopProblem, flatten, make_blocks
 from hiremate.composer.menus import store_all_option
-from hiremate.composer.whole_step import step_view
+from hiremate.composer.step_view import step_view
 from hiremate.composer.menu_cache import MenuCache
 from hiremate.ir.graph import graph_key
 from hiremate.partition import HPartition, SequencePartition
@@ -177,7 +177,7 @@ def test_flat_path_on_a_small_graph_and_preset_paths():
         assert r.report["flat_path" if path == "flat" else "hierarchical_path"]
     r = solve_graph(g, 1.0, "noremat", **FAST)
     # eager's schedule, on the step's view: the output gradients autograd holds are not freed
-    assert r.schedule == hiremate.autodiff_schedule(step_view(g, 0, rng_states=False))
+    assert r.schedule == hiremate.autodiff_schedule(step_view(g, 0, rng_states=False).graph)
 
 
 def test_report_fields():

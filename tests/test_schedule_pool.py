@@ -12,7 +12,7 @@ from hiremate.errors import InfeasibleBudgetError
 from hiremate.composer.menu_cache import MenuCache
 from hiremate.ir.graph import graph_key
 from hiremate.composer.pool import SchedulePool, peak_time_front, pool_key
-from hiremate.composer.whole_step import step_view
+from hiremate.composer.step_view import step_view
 from hiremate.ir.simulator import SimulationResult, autodiff_schedule
 from hiremate.testing.synthetic import chain_graph, random_graph
 from test_registry import residual_chain
@@ -78,7 +78,7 @@ def test_a_recorded_faster_schedule_is_returned(tmp_path):
 
     config = _runtime_free(cfg)
     config.pop("reuse_schedules")
-    view = step_view(g, 0, rng_states=False)  # what the solvers (and the pool) see of a step
+    view = step_view(g, 0, rng_states=False).graph  # what the solvers (and the pool) see of a step
     pool = SchedulePool(view, cache, pool_key(graph_key(view), config))
     ad = autodiff_schedule(view)
     ad_sim = hiremate.simulate(view, ad)

@@ -17,6 +17,7 @@ from hiremate.composer import whole_step
 from hiremate.config import load_config
 from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.graph import DataKind, Graph
+from hiremate.ir.simulator import step_peak
 from hiremate.testing.synthetic import random_graph
 
 
@@ -31,7 +32,7 @@ def _with_random_ops(graph: Graph, per_state: int, randoms: int = 3) -> Graph:
 
 
 def _has_states(graph: Graph) -> bool:
-    return any(d.name.startswith("generator_state_") for d in graph.data)
+    return any(d.name == "generator_states" for d in graph.data)
 
 
 def _walk(monkeypatch, per_state: int, budget: int, held: list[int]):
@@ -60,26 +61,27 @@ def _walk(monkeypatch, per_state: int, budget: int, held: list[int]):
 
 def test_the_solvers_see_the_whole_step_and_solve_once():
     """The first solve is of the step's view: output gradients that may not be freed, the
-    loss's memory on the loss node, and every random op's generator state, kept from its
-    first run. When its schedule fits, that is the only solve."""
+    loss's memory on the loss node, and every generator state made by the loss node and kept
+    to the end. When its schedule fits, that is the only solve."""
     graph = _with_random_ops(random_graph(5, 12), 5_000)
     seen: list[Graph] = []
 
     def solve(g, nbytes, cfg, cache):
         seen.append(g)
-        return SimpleNamespace(schedule=hiremate.autodiff_schedule(graph), report={})
+        return SimpleNamespace(schedule=hiremate.autodiff_schedule(g), report={})
 
     result = whole_step.solve_whole_step(graph, 10**9, load_config("hiremate"), None, solve,
                                          777)
     assert len(seen) == 1 and result.report["whole_step_solves"] == 1
+    assert hiremate.simulate(graph, result.schedule).valid
+    assert result.report["predicted_peak"] == step_peak(graph, result.schedule, 777)
     view = seen[0]
     assert not any(d.kind is DataKind.TANGENT for d in view.data)
     assert {d.id for d in graph.data if d.kind is DataKind.TANGENT} <= set(view.final_data)
     assert view.nodes[view.loss].overhead == graph.nodes[graph.loss].overhead + 777
-    states = [d for d in view.data if d.name.startswith("generator_state_")]
-    assert [d.size for d in states] == [5_000] * 3
-    assert [d.producer for d in states] == [n.id for n in graph.nodes if n.random]
-    assert {d.id for d in states} <= set(view.outputs)  # never freed, never made again
+    states = [d for d in view.data if d.name == "generator_states"]
+    assert [d.size for d in states] == [5_000 * 4] and states[0].producer == graph.loss
+    assert states[0].id in view.final_data
 
 
 def test_a_cheap_full_reserve_is_taken_from_the_first_walk_solve(monkeypatch):

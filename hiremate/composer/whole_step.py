@@ -4,10 +4,10 @@ The solvers schedule the graph's nodes; a training step also holds what the user
 allocates, the output gradients autograd keeps until the backward returns, and the
 random-generator states the executor saves for the random ops a schedule reruns
 (:func:`hiremate.ir.simulator.step_peak`). :func:`solve_whole_step` gives the solvers a view of
-the graph in which all of that is memory they place (:func:`step_view`), and walks down to a
-lower budget only when a schedule still overflows; it lives here, below the API, so that
-every caller that solves a graph (:func:`hiremate.api.solve_graph`, the sweeps) gets the same
-rule.
+the graph in which all of that is memory they place (:mod:`hiremate.composer.step_view`),
+and walks down to a lower budget only when a schedule still overflows; it lives here, below
+the API, so that every caller that solves a graph (:func:`hiremate.api.solve_graph`, the
+sweeps) gets the same rule.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 from hiremate.config import Config
 from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.budget import resolve_budget
-from hiremate.ir.graph import DataKind, Graph
+from hiremate.composer.step_view import rng_state_reserve, step_view
+from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
 from hiremate.ir.time_bound import recompute_time_bound
 from hiremate.units import fmt_bytes
@@ -48,48 +49,6 @@ def without_random_reruns(graph: Graph, view: Graph, budget: int, cfg: Config, s
         return None
     result.report["random_reruns"] = "avoided: their generator states would not fit"
     return result if whole_step_report(graph, result, budget, loss_bytes) <= budget else None
-
-
-def step_view(graph: Graph, loss_bytes: int, rng_states: bool) -> Graph:
-    """``graph`` as the solvers see it when they schedule a whole training step, so that what
-    the executor holds beyond the graph's own values is theirs to place, not a reserve:
-
-    - the output gradients are of a kind that must be alive at the end: autograd hands them to
-      the executor's backward and holds them until it returns, so deleting one frees nothing;
-    - what the user's loss allocates is the loss node's temporary memory;
-    - with ``rng_states``, every random op also makes its generator state, a model output (so
-      never freed, nor made again by a rerun): the executor keeps it from the op's first run
-      to its last rerun, and a rerun also holds the state it interrupts, which the view
-      counts as the rerun's second copy of its outputs. A state that no rerun needs is
-      counted as well: the price of a view that fits the step in one solve.
-
-    Only data kinds, one overhead and new values change: node and data ids are the graph's,
-    so a schedule of the view runs on the graph."""
-    payload = graph.to_dict()
-    for datum in payload["data"]:
-        if datum["kind"] == DataKind.TANGENT.value:
-            datum["kind"] = DataKind.INPUT_GRAD.value
-    payload["nodes"][graph.loss]["overhead"] += int(loss_bytes)
-    if rng_states and rng_state_reserve(graph):
-        per_state = int(graph.meta["rng_state_bytes"])
-        for node in payload["nodes"]:
-            if node["random"]:
-                sid = len(payload["data"])
-                payload["data"].append({
-                    "id": sid, "name": f"generator_state_{node['id']}",
-                    "kind": DataKind.ACTIVATION.value, "shape": [per_state], "dtype": "uint8",
-                    "size": per_state, "producer": node["id"], "aliases": []})
-                node["outputs"].append(sid)
-                payload["outputs"].append(sid)
-    return Graph.from_dict(payload)
-
-
-def rng_state_reserve(graph: Graph) -> int:
-    """Bytes of every random op's generator state and the one a rerun interrupts: the most
-    the executor keeps for reruns at once (0 when the states are not in the budget)."""
-    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
-    randoms = sum(1 for n in graph.nodes if n.random)
-    return per_state * (randoms + 1) if per_state and randoms else 0
 
 
 def whole_step_report(graph: Graph, result: Any, budget: int, loss_bytes: int) -> int:
@@ -159,16 +118,19 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
     the loss's memory, the output gradients autograd holds until the backward returns, and
     the generator states the executor saves for random ops it reruns). The solvers see the
-    step (:func:`step_view`): first with every generator state counted, which fits in one
-    solve unless the states alone are dear; when that view has no schedule within the budget,
-    by the walk over the view without the states (:func:`_walk`). The report's
-    ``solve_time`` is the whole step's, and :func:`_finished` adds how many solves it took and
-    the bound on the time."""
+    step (:mod:`~hiremate.composer.step_view`): first with every generator state counted,
+    which fits in one solve unless the states alone are dear; when that view has no schedule
+    within the budget, or its schedule peaks in the forward with a state kept there, by the
+    walk over the view without the states (:func:`_walk`). The
+    report's ``solve_time`` is the whole step's, and :func:`_finished` adds how many solves
+    it took and the bound on the time."""
     start, solves = time.perf_counter(), 0
     if rng_state_reserve(graph):
         solves += 1
+        view = step_view(graph, loss_bytes, rng_states=True)
         try:
-            result = solve(step_view(graph, loss_bytes, rng_states=True), budget, cfg, cache)
+            result = solve(view.graph, budget, cfg, cache)
+            result.schedule = view.schedule_of(result.schedule)
         except InfeasibleBudgetError as exc:
             log.info("no schedule within %s with every generator state counted (%s); "
                      "walking down without them", fmt_bytes(budget), exc)
@@ -176,22 +138,22 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
             peak = whole_step_report(graph, result, budget, loss_bytes)
             if peak <= budget:
                 return _finished(graph, result, budget, start, solves)
-            log.warning("whole step %s over %s with every generator state counted: the "
-                        "view missed some memory; walking down", fmt_bytes(peak - budget),
-                        fmt_bytes(budget))
+            log.info("whole step %s over %s with every generator state counted from the "
+                     "loss (a state kept through the forward); walking down",
+                     fmt_bytes(peak - budget), fmt_bytes(budget))
     return _walk(graph, budget, cfg, cache, solve, loss_bytes, start, solves)
 
 
 def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_bytes: int,
           start: float, solves: int):
-    """Solve the view without the generator states (:func:`step_view`) at the budget (less
-    all of them when they cost at most :data:`CHEAP_RESERVE` of it), then, while the step
-    overflows, below both the budget less what overflowed and the peak the solvers saw of
-    the overflowing schedule (or at the lowest budget the solvers meet, when that is above),
-    and at last with room for every state at once. The walk is hastened (:func:`_hastened`):
+    """Solve the view without the generator states (:mod:`~hiremate.composer.step_view`) at
+    the budget (less all of them when they cost at most :data:`CHEAP_RESERVE` of it), then,
+    while the step overflows, below both the budget less what overflowed and the peak the
+    solvers saw of the overflowing schedule (or at the lowest budget the solvers meet, when
+    that is above), and at last with room for every state at once. The walk is hastened (:func:`_hastened`):
     each retry is a whole solve; and a budget at or below one at which the solvers failed
     ends the walk without another solve. Without random ops it is one solve."""
-    view = step_view(graph, loss_bytes, rng_states=False)
+    view = step_view(graph, loss_bytes, rng_states=False).graph  # the graph's ids
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
     full = rng_state_reserve(graph)  # the most the view leaves out: it always works

@@ -1,0 +1,78 @@
+"""A whole training step as the solvers see it: what the executor holds beyond the graph's own
+values, made into memory the solvers place instead of a reserve they are blind to.
+
+The rule is :func:`hiremate.ir.simulator.step_peak`: the user's loss allocates memory at the
+loss step; autograd holds the output gradients until the executor's backward returns; and
+the executor saves a random op's generator state before its first run when the schedule runs
+it again, keeps it until the last rerun, and during a rerun also holds the state it
+interrupted. :func:`step_view` builds a graph in which all of that is ordinary memory, so that
+one solve usually fits the step (``tests/test_step_view.py`` pins the view to the rule on
+random graphs with random ops).
+
+Why the states are counted from the loss, not from each random op's first run: a value the
+op made would be made again by its reruns (a state cannot be), and a node of its own that
+keeps it, run once, made the HF GPT2's schedule 6 % slower in the one run tried
+(docs/results.md, "Stop 36").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hiremate.ir.graph import DataKind, Graph
+from hiremate.ir.schedule import Delete, Schedule
+
+
+def rng_state_reserve(graph: Graph) -> int:
+    """Bytes of every random op's generator state and the one a rerun interrupts: the most
+    the executor keeps for reruns at once (0 when the states are not in the budget)."""
+    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
+    randoms = sum(1 for n in graph.nodes if n.random)
+    return per_state * (randoms + 1) if per_state and randoms else 0
+
+
+@dataclass(frozen=True)
+class StepView:
+    """``graph``: what the solvers schedule, with the graph's node and data ids (and the
+    states' value after the data); ``data``: how many data the graph has."""
+
+    graph: Graph
+    data: int
+
+    def schedule_of(self, schedule: Schedule) -> Schedule:
+        """A schedule of the view as one of the graph: frees of the states' value (which the
+        executor does by itself) left out."""
+        return tuple(s for s in schedule if not (isinstance(s, Delete) and s.data >= self.data))
+
+
+def step_view(graph: Graph, loss_bytes: int, rng_states: bool) -> StepView:
+    """``graph`` as the solvers see a whole step:
+
+    - the output gradients are of a kind that must be alive at the end (deleting one would
+      free nothing while autograd holds it);
+    - what the user's loss allocates is the loss node's temporary memory;
+    - with ``rng_states`` (and random ops whose states count), the loss node also makes a
+      value the size of every random op's state and one more (a rerun holds the state it
+      interrupts), kept to the end. The solvers place reruns after the loss, where such
+      schedules peak, and there it counts all the executor can keep; states no rerun needs
+      are counted too, the price of a view that fits the step in one solve. Before the loss
+      it counts none: a schedule that peaks in the forward while keeping a state for a later
+      rerun can exceed the view by the states kept (the walk of
+      :func:`hiremate.composer.whole_step.solve_whole_step` checks and corrects).
+
+    Without states the view's peak on a schedule is the rule's."""
+    payload = graph.to_dict()
+    for datum in payload["data"]:
+        if datum["kind"] == DataKind.TANGENT.value:
+            datum["kind"] = DataKind.INPUT_GRAD.value
+    loss = payload["nodes"][graph.loss]
+    loss["overhead"] += int(loss_bytes)
+    states = rng_state_reserve(graph) if rng_states else 0
+    if states:
+        sid = len(payload["data"])
+        payload["data"].append({
+            "id": sid, "name": "generator_states", "kind": DataKind.INPUT_GRAD.value,
+            "shape": [states], "dtype": "uint8", "size": states, "producer": graph.loss,
+            "aliases": []})
+        loss["outputs"].append(sid)
+    return StepView(Graph.from_dict(payload), len(graph.data))
