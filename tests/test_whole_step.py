@@ -14,6 +14,7 @@ import pytest
 
 import hiremate
 from hiremate.composer import whole_step
+from hiremate.composer.step_view import last_needed
 from hiremate.config import load_config
 from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.graph import DataKind, Graph
@@ -32,7 +33,7 @@ def _with_random_ops(graph: Graph, per_state: int, randoms: int = 3) -> Graph:
 
 
 def _has_states(graph: Graph) -> bool:
-    return any(d.name == "generator_states" for d in graph.data)
+    return any(d.name.startswith("generator_state_") for d in graph.data)
 
 
 def _walk(monkeypatch, per_state: int, budget: int, held: list[int]):
@@ -61,8 +62,9 @@ def _walk(monkeypatch, per_state: int, budget: int, held: list[int]):
 
 def test_the_solvers_see_the_whole_step_and_solve_once():
     """The first solve is of the step's view: output gradients that may not be freed, the
-    loss's memory on the loss node, and every generator state made by the loss node and kept
-    to the end. When its schedule fits, that is the only solve."""
+    loss's memory on the loss node, and each random op's generator state made by the loss
+    node and read by the last backward node that may need the op rerun. When its schedule
+    fits, that is the only solve."""
     graph = _with_random_ops(random_graph(5, 12), 5_000)
     seen: list[Graph] = []
 
@@ -76,12 +78,16 @@ def test_the_solvers_see_the_whole_step_and_solve_once():
     assert hiremate.simulate(graph, result.schedule).valid
     assert result.report["predicted_peak"] == step_peak(graph, result.schedule, 777)
     view = seen[0]
-    assert not any(d.kind is DataKind.TANGENT for d in view.data)
-    assert {d.id for d in graph.data if d.kind is DataKind.TANGENT} <= set(view.final_data)
+    tangents = {d.id for d in graph.data if d.kind is DataKind.TANGENT}
+    assert tangents and tangents <= set(view.final_data)  # held until the backward returns
     assert view.nodes[view.loss].overhead == graph.nodes[graph.loss].overhead + 777
-    states = [d for d in view.data if d.name == "generator_states"]
-    assert [d.size for d in states] == [5_000 * 4] and states[0].producer == graph.loss
-    assert states[0].id in view.final_data
+    needed = last_needed(graph)
+    states = [d for d in view.data if d.name.startswith("generator_state_")]
+    assert len(states) == len(needed) > 0
+    for op, d in zip(sorted(needed), states):
+        assert d.size == 5_000 and d.producer == graph.loss
+        assert view.users(d.id) == (needed[op],)  # the last node that may need a rerun
+        assert view.nodes[op].overhead == graph.nodes[op].overhead + 5_000  # an interrupted one
 
 
 def test_a_cheap_full_reserve_is_taken_from_the_first_walk_solve(monkeypatch):

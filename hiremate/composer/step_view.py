@@ -45,19 +45,40 @@ class StepView:
         return tuple(s for s in schedule if not (isinstance(s, Delete) and s.data >= self.data))
 
 
+def last_needed(graph: Graph) -> dict[int, int]:
+    """For each random forward op, the last backward node that reads a value made from its
+    outputs (directly or through forward ops): after it no schedule that recomputes only what
+    it needs reruns the op. Random ops no backward node depends on are left out (never rerun)."""
+    last_reader = [-1] * len(graph.data)
+    for node in graph.nodes:
+        if node.is_bwd:
+            for d in node.inputs:
+                last_reader[d] = max(last_reader[d], node.id)
+    need = [-1] * len(graph.nodes)
+    for node in reversed(graph.nodes):
+        if not node.is_fwd:
+            continue
+        for d in node.outputs:
+            need[node.id] = max(need[node.id], last_reader[d],
+                                max((need[u] for u in graph.users(d) if graph.nodes[u].is_fwd),
+                                    default=-1))
+    return {n.id: need[n.id] for n in graph.nodes if n.random and n.is_fwd and need[n.id] >= 0}
+
+
 def step_view(graph: Graph, loss_bytes: int, rng_states: bool) -> StepView:
     """``graph`` as the solvers see a whole step:
 
     - the output gradients are of a kind that must be alive at the end (deleting one would
       free nothing while autograd holds it);
     - what the user's loss allocates is the loss node's temporary memory;
-    - with ``rng_states`` (and random ops whose states count), the loss node also makes a
-      value the size of every random op's state and one more (a rerun holds the state it
-      interrupts), kept to the end. The solvers place reruns after the loss, where such
-      schedules peak, and there it counts all the executor can keep; states no rerun needs
-      are counted too, the price of a view that fits the step in one solve. Before the loss
-      it counts none: a schedule that peaks in the forward while keeping a state for a later
-      rerun can exceed the view by the states kept (the walk of
+    - with ``rng_states`` (and random ops whose states count), the loss node also makes, for
+      each random op that a backward node depends on, a value of its state's size, read by the
+      last such backward node (:func:`last_needed`): the executor keeps a rerun op's state
+      until its last rerun, which a schedule places before that node; and the op's temporary
+      memory grows by one state, the one a rerun interrupts. The view counts each state from
+      the loss, whether or not the op is rerun: the price of fitting in one solve. Before the
+      loss it counts none: a schedule that peaks in the forward while keeping a state for a
+      later rerun can exceed the view by the states kept (the walk of
       :func:`hiremate.composer.whole_step.solve_whole_step` checks and corrects).
 
     Without states the view's peak on a schedule is the rule's."""
@@ -67,12 +88,15 @@ def step_view(graph: Graph, loss_bytes: int, rng_states: bool) -> StepView:
             datum["kind"] = DataKind.INPUT_GRAD.value
     loss = payload["nodes"][graph.loss]
     loss["overhead"] += int(loss_bytes)
-    states = rng_state_reserve(graph) if rng_states else 0
-    if states:
-        sid = len(payload["data"])
-        payload["data"].append({
-            "id": sid, "name": "generator_states", "kind": DataKind.INPUT_GRAD.value,
-            "shape": [states], "dtype": "uint8", "size": states, "producer": graph.loss,
-            "aliases": []})
-        loss["outputs"].append(sid)
+    if rng_states and rng_state_reserve(graph):
+        per_state = int(graph.meta["rng_state_bytes"])
+        for op, reader in sorted(last_needed(graph).items()):
+            sid = len(payload["data"])
+            payload["data"].append({
+                "id": sid, "name": f"generator_state_{op}", "kind": DataKind.TANGENT.value,
+                "shape": [per_state], "dtype": "uint8", "size": per_state,
+                "producer": graph.loss, "aliases": []})
+            loss["outputs"].append(sid)
+            payload["nodes"][reader]["inputs"].append(sid)
+            payload["nodes"][op]["overhead"] += per_state
     return StepView(Graph.from_dict(payload), len(graph.data))
