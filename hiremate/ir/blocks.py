@@ -303,10 +303,6 @@ def long_lived(problem: TopProblem) -> tuple[dict[int, int], dict[int, tuple[int
         if graph.nodes[d.producer].is_fwd:
             if (d.id in outputs and p != L - 1) or not readers <= {p, p + 1}:
                 fwd_held[d.id] = d.size
-        elif d.kind in FINAL_KINDS and p == L:
-            # made by the loss and kept to the end (an output gradient that autograd holds,
-            # in the whole step's view): the chain would free it after the last block
-            bwd_held[d.id] = (d.size, 0, p)
         elif not readers <= ({L - 1} if p == L else {p, p - 1}):
             last = -1 if None in readers else min(readers)  # None: a tail node, at the end
             bwd_held[d.id] = (d.size, min(last + 1, p), p)
