@@ -9,10 +9,11 @@ interrupted. :func:`step_view` builds a graph in which all of that is ordinary m
 one solve usually fits the step (``tests/test_step_view.py`` pins the view to the rule on
 random graphs with random ops).
 
-Why the states are counted from the loss, not from each random op's first run: a value the
-op made would be made again by its reruns (a state cannot be), and a node of its own that
-keeps it, run once, made the HF GPT2's schedule 6 % slower in the one run tried
-(docs/results.md, "Stop 36").
+Why each state is counted from the loss to the last backward node that may need a rerun, and
+not from the op's first run or to the end: a value the op made would be made again by its
+reruns (a state cannot be), a node of its own that keeps it is an output producer that the
+solvers place badly, and states kept to the end cost schedules much more than the walk they
+replace (docs/results.md, "Stop 36", has the figures of each).
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ def rng_state_reserve(graph: Graph) -> int:
 @dataclass(frozen=True)
 class StepView:
     """``graph``: what the solvers schedule, with the graph's node and data ids (and the
-    states' value after the data); ``data``: how many data the graph has."""
+    states' values after the data); ``data``: how many data the graph has."""
 
     graph: Graph
     data: int
 
     def schedule_of(self, schedule: Schedule) -> Schedule:
-        """A schedule of the view as one of the graph: frees of the states' value (which the
+        """A schedule of the view as one of the graph: frees of the states' values (which the
         executor does by itself) left out."""
         return tuple(s for s in schedule if not (isinstance(s, Delete) and s.data >= self.data))
 
@@ -48,7 +49,8 @@ class StepView:
 def last_needed(graph: Graph) -> dict[int, int]:
     """For each random forward op, the last backward node that reads a value made from its
     outputs (directly or through forward ops): after it no schedule that recomputes only what
-    it needs reruns the op. Random ops no backward node depends on are left out (never rerun)."""
+    it needs reruns the op. Random ops no backward node depends on are left out: no schedule
+    needs to rerun them."""
     last_reader = [-1] * len(graph.data)
     for node in graph.nodes:
         if node.is_bwd:

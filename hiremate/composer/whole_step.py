@@ -16,10 +16,10 @@ import logging
 import time
 from typing import Any
 
+from hiremate.composer.step_view import rng_state_reserve, step_view
 from hiremate.config import Config
 from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.budget import resolve_budget
-from hiremate.composer.step_view import rng_state_reserve, step_view
 from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
 from hiremate.ir.time_bound import recompute_time_bound
@@ -118,12 +118,12 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
     the loss's memory, the output gradients autograd holds until the backward returns, and
     the generator states the executor saves for random ops it reruns). The solvers see the
-    step (:mod:`~hiremate.composer.step_view`): first with every generator state counted,
-    which fits in one solve unless the states alone are dear; when that view has no schedule
-    within the budget, or its schedule peaks in the forward with a state kept there, by the
-    walk over the view without the states (:func:`_walk`). The
-    report's ``solve_time`` is the whole step's, and :func:`_finished` adds how many solves
-    it took and the bound on the time."""
+    step (:mod:`~hiremate.composer.step_view`): first with each random op's generator state
+    counted from the loss to the last node that may need the op rerun, which fits in one
+    solve unless the states alone are dear; when that view has no schedule within the budget,
+    or its schedule peaks in the forward with a state kept there, by the walk over the view
+    without the states (:func:`_walk`). The report's ``solve_time`` is the whole step's, and
+    :func:`_finished` adds how many solves it took and the bound on the time."""
     start, solves = time.perf_counter(), 0
     if rng_state_reserve(graph):
         solves += 1
@@ -132,13 +132,13 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
             result = solve(view.graph, budget, cfg, cache)
             result.schedule = view.schedule_of(result.schedule)
         except InfeasibleBudgetError as exc:
-            log.info("no schedule within %s with every generator state counted (%s); "
+            log.info("no schedule within %s with the generator states counted (%s); "
                      "walking down without them", fmt_bytes(budget), exc)
         else:
             peak = whole_step_report(graph, result, budget, loss_bytes)
             if peak <= budget:
                 return _finished(graph, result, budget, start, solves)
-            log.info("whole step %s over %s with every generator state counted from the "
+            log.info("whole step %s over %s with the generator states counted from the "
                      "loss (a state kept through the forward); walking down",
                      fmt_bytes(peak - budget), fmt_bytes(budget))
     return _walk(graph, budget, cfg, cache, solve, loss_bytes, start, solves)
@@ -150,9 +150,10 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
     the budget (less all of them when they cost at most :data:`CHEAP_RESERVE` of it), then,
     while the step overflows, below both the budget less what overflowed and the peak the
     solvers saw of the overflowing schedule (or at the lowest budget the solvers meet, when
-    that is above), and at last with room for every state at once. The walk is hastened (:func:`_hastened`):
-    each retry is a whole solve; and a budget at or below one at which the solvers failed
-    ends the walk without another solve. Without random ops it is one solve."""
+    that is above), and at last with room for every state at once. The walk is hastened
+    (:func:`_hastened`): each retry is a whole solve; and a budget at or below one at which
+    the solvers failed ends the walk without another solve. Without random ops it is one
+    solve."""
     view = step_view(graph, loss_bytes, rng_states=False).graph  # the graph's ids
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
