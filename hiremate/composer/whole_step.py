@@ -80,15 +80,16 @@ def step_budget(budget: int | float | str, graph: Graph, loss_bytes: int) -> int
                           reference=step_peak(graph, autodiff_schedule(graph), loss_bytes))
 
 
-#: Reserving all that the solvers do not see costs at most this fraction of the budget; below
-#: it, the walk reserves it from the first solve (the reserve that always works).
+#: Reserving every generator state (what the walk's view leaves out) costs at most this
+#: fraction of the budget; below it, the walk reserves them from its first solve (the reserve
+#: that always works).
 CHEAP_RESERVE = 0.02
 
 
 def _hastened(reserves: list[int], full: int, budget: int) -> int:
     """The least next reserve after an overflow, so that the walk takes few solves (each costs
     about as much as the first: its schedule is new, only the menus are reused). Each new
-    schedule peaks where a little more of what the solvers miss is held, so walking down by
+    schedule peaks where a few more generator states are held, so walking down by
     the last overflow alone can take many solves of small steps. When reserving everything
     costs little of the budget it is taken at once; from the second overflow on, the reserve
     goes at least halfway to it (kept below the budget, where the infeasible branch of
