@@ -34,7 +34,7 @@ def without_random_reruns(graph: Graph, view: Graph, budget: int, cfg: Config, s
     the budget (on a small model one state outweighs the activations): solved on a copy of
     ``view`` whose random ops cost a thousand times their time, so that the solvers recompute
     anything else first; None when that schedule does not fit either."""
-    if not any(n.random for n in graph.nodes) or not graph.meta.get("rng_state_bytes"):
+    if not rng_state_reserve(graph):
         return None
     payload = view.to_dict()
     longest = max((n["time"] for n in payload["nodes"]), default=0.0) or 1e-6
@@ -60,14 +60,13 @@ def whole_step_report(graph: Graph, result: Any, budget: int, loss_bytes: int) -
     ad_time = simulate(graph, autodiff).time
     peak = step_peak(graph, result.schedule, loss_bytes)
     ad_peak = step_peak(graph, autodiff, loss_bytes)
-    randoms = graph.meta.get("rng_state_bytes") and any(n.random for n in graph.nodes)
     result.report.update(
         loss_bytes=loss_bytes, predicted_peak=peak, budget=int(budget),
         predicted_time=sim.time, autodiff_time=ad_time,
         relative_time=sim.time / ad_time if ad_time else 1.0,
         autodiff_peak=ad_peak, relative_peak=peak / ad_peak if ad_peak else 1.0,
         rng_state_bytes=(peak - step_peak(graph, result.schedule, loss_bytes, rng_states=False))
-        if randoms else 0)
+        if rng_state_reserve(graph) else 0)
     return peak
 
 
