@@ -1,9 +1,8 @@
 """Helpers shared by the paper benchmarks (``bench/paper_table.py``, ``bench/table2.py``).
 
 The paper's figures these scripts print beside ours, the configuration built from a preset and
-``--set key=value`` overrides, graphs built once and cached, the lower bound of a budget (the LP
-relaxation of the flat H-ILP when the graph is small enough, else the trivial one: autodiff's
-time) and the end-to-end check of a schedule (measured peak, gradients against eager PyTorch).
+``--set key=value`` overrides, graphs built once and cached, the lower bound of a budget (the
+moment bound, and the LP relaxation of the flat H-ILP when the graph is small enough) and the end-to-end check of a schedule (measured peak, gradients against eager PyTorch).
 """
 
 from __future__ import annotations
@@ -129,26 +128,26 @@ def lower_bound(graph: Graph, budget: int, max_nodes: int, time_limit: float
                 ) -> tuple[float, str, float]:
     """A time no schedule within ``budget`` beats (of those that first run the nodes in the
     graph's order, as H-ILP's do), what it is, and the seconds it took: the larger of the
-    recompute cut bound (``"cut"``: :func:`hiremate.ir.time_bound.recompute_time_bound`, any
-    graph size, fast) and the LP relaxation of the flat H-ILP (``"LP"``) on graphs
-    of at most ``max_nodes`` compute nodes (``"cut (LP stopped)"`` when the LP stopped before
-    its optimum). ``inf`` with ``"LP infeasible"`` or ``"memory floor"``: nothing fits."""
-    from hiremate.ir.time_bound import recompute_time_bound
+    moment bound (``"moment"``: :func:`hiremate.solvers.hilp.moment_bound.moment_time_bound`,
+    any graph size, seconds) and the LP relaxation of the flat H-ILP (``"LP"``) on graphs
+    of at most ``max_nodes`` compute nodes (``"moment (LP stopped)"`` when the LP stopped
+    before its optimum). ``inf`` with ``"LP infeasible"`` or ``"memory floor"``: nothing fits."""
     from hiremate.solvers.hilp.flat import lower_bound as lp_bound
+    from hiremate.solvers.hilp.moment_bound import moment_time_bound
 
     start = time.perf_counter()
-    cut = recompute_time_bound(graph, budget)  # never below autodiff's time
-    if math.isinf(cut):
-        return cut, "memory floor", time.perf_counter() - start
+    moment = moment_time_bound(graph, budget)  # never below autodiff's time
+    if math.isinf(moment):
+        return moment, "memory floor", time.perf_counter() - start
     if len(graph.nodes) > max_nodes:
-        return cut, "cut", time.perf_counter() - start
+        return moment, "moment", time.perf_counter() - start
     value = lp_bound(graph, budget, time_limit=time_limit)
     took = time.perf_counter() - start
     if value is None:
-        return cut, "cut (LP stopped)", took
+        return moment, "moment (LP stopped)", took
     if math.isinf(value):
         return value, "LP infeasible", took
-    return (value, "LP", took) if value > cut else (cut, "cut", took)
+    return (value, "LP", took) if value > moment else (moment, "moment", took)
 
 
 def gap(time: float, bound: float) -> float:

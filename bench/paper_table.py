@@ -12,8 +12,8 @@ deterministic; ``measure``: timed on this machine) and solved once with the defa
 - the winning solver, the solve time (s) and the predicted relative time (the simulator's time
   over autodiff's) beside the paper's Table 3(c) predicted relative average time;
 - a lower bound on the relative time of the schedules that first run the nodes in the graph's
-  order (H-ILP's) and our gap to it: the larger of the recompute cut bound
-  (:mod:`hiremate.ir.time_bound`, fast at any size) and the LP relaxation of the flat
+  order (H-ILP's) and our gap to it: the larger of the moment bound
+  (:mod:`hiremate.solvers.hilp.moment_bound`, seconds at any size) and the LP relaxation of the flat
   H-ILP when the graph has at most ``--lp-max-nodes`` compute nodes (within ``--lp-time`` s);
   the bound column says which;
 - with ``--execute``: the model is built in float64 (graph, solve and run all in float64; an

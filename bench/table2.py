@@ -19,10 +19,10 @@ For each case and each budget (``--budgets``, fractions of the autodiff peak; de
   the MILP's status (``hint``: the warm start was kept), its own dual bound (as an overhead)
   and its wall time;
 - **lower bound**, as an overhead: no schedule that first runs the nodes in the graph's order
-  (the flat H-ILP's class) within the budget is faster; the larger of the recompute cut bound
-  (``cut``, :mod:`hiremate.ir.time_bound`, fast at any size) and the LP relaxation of the flat
-  H-ILP (``LP``, ``--lp-time`` s; skipped above ``--lp-max-nodes`` compute nodes); the bound
-  column says which.
+  (the flat H-ILP's class) within the budget is faster; the larger of the moment bound
+  (``moment``, :mod:`hiremate.solvers.hilp.moment_bound`, seconds at any size) and the LP
+  relaxation of the flat H-ILP (``LP``, ``--lp-time`` s; skipped above ``--lp-max-nodes``
+  compute nodes); the bound column says which.
 
 Cases: ``transformer-2-2`` (zoo transformer, 2 encoder and 2 decoder layers, the width and batch
 of the paper-size settings) and ``unet`` (the paper-size setting, ``zoo.get_paper("unet")``).

@@ -76,17 +76,3 @@ def test_bound_is_tight_on_a_chain_where_one_cheap_value_must_go():
     budget = autodiff.peak - 50
     bound, best = _check_below_optimum(g, budget)
     assert autodiff.time < bound <= best
-
-
-def test_the_solve_report_carries_the_bound():
-    """``solve_graph`` reports the bound at the user's budget beside the predicted time, which
-    it does not exceed here (the winner first runs the nodes in order)."""
-    import hiremate
-
-    g = random_graph(4, 10, max_fanin=2)
-    report = hiremate.solve_graph(g, 0.8, cache=False, n_jobs=1, progress=False).report
-    assert report["time_bound"] == recompute_time_bound(g, report["budget"])
-    assert simulate(g, autodiff_schedule(g)).time < report["time_bound"]  # not the trivial one
-    assert report["time_bound"] <= report["predicted_time"] * (1 + 1e-9)
-    assert report["relative_time_bound"] == pytest.approx(
-        report["time_bound"] / report["autodiff_time"])

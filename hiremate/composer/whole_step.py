@@ -22,7 +22,7 @@ from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.budget import resolve_budget
 from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
-from hiremate.ir.time_bound import recompute_time_bound
+from hiremate.solvers.hilp.moment_bound import moment_time_bound
 from hiremate.units import fmt_bytes
 
 log = logging.getLogger(__name__)
@@ -102,10 +102,10 @@ def _hastened(reserves: list[int], full: int, budget: int) -> int:
 
 def _finished(graph: Graph, result: Any, budget: int, start: float, solves: int):
     """``result`` with the walk's figures in its report: its time, its solves, and the time no
-    in-order schedule within the budget beats (:func:`~hiremate.ir.time_bound.recompute_time_bound`
-    of the graph's own problem, which the whole step only tightens), so that a user reads how
-    far the schedule can be from the best."""
-    bound = recompute_time_bound(graph, budget)
+    in-order schedule within the budget beats (:func:`~hiremate.solvers.hilp.moment_bound.
+    moment_time_bound` of the graph's own problem, which the whole step only tightens), so that a
+    user reads how far the schedule can be from the best."""
+    bound = moment_time_bound(graph, budget)
     autodiff = result.report.get("autodiff_time") or 0.0
     result.report.update(solve_time=time.perf_counter() - start, whole_step_solves=solves,
                          time_bound=bound,

@@ -19,6 +19,8 @@ on the extra runs, the largest of them bounds the schedule's time above running 
 once. The bound ignores what a rerun itself needs (its inputs alive, perhaps rerun too), so it
 can be loose where recomputation cascades (convolution chains; docs/results.md compares it
 with a proven optimum); it is exact when the budget leaves room for everything.
+:mod:`hiremate.solvers.hilp.moment_bound` adds those needs, with an LP per moment (the IR has
+no solver), and is the bound the benchmarks and the solve report give.
 
 A solver that reorders independent nodes (FastSA) is outside that class and can in principle
 go below the bound, as it can go below :func:`hiremate.ir.tracker.memory_floor`.
@@ -46,33 +48,45 @@ def recompute_time_bound(graph: Graph, budget: int) -> float:
     return base_time + extra
 
 
-def _largest_moment_cost(graph: Graph, budget: int) -> float:
-    nodes = graph.nodes
-    n = len(nodes)
+def moment_spans(graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The values that may be out of memory at some first run and made again, as arrays
+    ``(producer, stop, bytes, data id)``: ``stop`` is the last node that reads the value (past
+    the last node for a value kept to the end). A value is at stake at node ``k``'s first run
+    when ``producer < k < stop``. Model outputs are never freed, so they are mandatory (in
+    :func:`~hiremate.ir.tracker.first_run_floors`) instead."""
+    n = len(graph.nodes)
     sizes = counted_sizes(graph)
     outputs = set(graph.outputs)
     finals = set(graph.final_data)
     last_read = [-1] * len(graph.data)
-    for node in nodes:
+    for node in graph.nodes:
         for d in node.inputs:
             last_read[d] = max(last_read[d], node.id)
-    # values that may be out of memory at some first run and made again: (producer, last
-    # node that needs it, bytes); model outputs are never freed, so they are mandatory instead
     spans = [(d.producer, n if d.id in finals else last_read[d.id], sizes[d.id], d.id)
              for d in graph.data
              if d.producer is not None and sizes[d.id] > 0 and d.id not in outputs]
     spans = [s for s in spans if s[1] > s[0]]
     if not spans:
-        producer = stop = weight = ids = np.zeros(0, dtype=np.int64)
-    else:
-        producer, stop, weight, ids = (np.array(col, dtype=np.int64) for col in zip(*spans))
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    producer, stop, weight, ids = (np.array(col, dtype=np.int64) for col in zip(*spans))
+    return producer, stop, weight, ids
+
+
+def moment_knapsack_costs(graph: Graph, budget: int) -> np.ndarray | None:
+    """Per node, the fractional-knapsack cost of its first run (the module's doc): a lower
+    bound on the time of the reruns after it. None when some first run cannot fit ``budget``
+    whatever is freed."""
+    nodes = graph.nodes
+    n = len(nodes)
+    producer, stop, weight, ids = moment_spans(graph)
     times = np.array([node.time for node in nodes], dtype=np.float64)
     weight_f = weight.astype(np.float64)
-    worst = 0.0
+    costs = np.zeros(n)
     for node, mandatory in zip(nodes, first_run_floors(graph)):
         k = node.id
         if mandatory > budget:
-            return math.inf
+            return None
         live = (producer < k) & (stop > k)
         if node.inputs:
             live &= ~np.isin(ids, np.fromiter(node.inputs, dtype=np.int64))
@@ -90,5 +104,12 @@ def _largest_moment_cost(graph: Graph, budget: int) -> float:
         before = float(dropped[full - 1]) if full else 0.0
         if full < len(order):  # the last one in part
             cost += times[order[full]] * (excess - before) / held[order[full]]
-        worst = max(worst, cost)
-    return worst
+        costs[k] = cost
+    return costs
+
+
+def _largest_moment_cost(graph: Graph, budget: int) -> float:
+    costs = moment_knapsack_costs(graph, budget)
+    if costs is None:
+        return math.inf
+    return float(costs.max(initial=0.0))
