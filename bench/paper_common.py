@@ -2,7 +2,8 @@
 
 The paper's figures these scripts print beside ours, the configuration built from a preset and
 ``--set key=value`` overrides, graphs built once and cached, the lower bound of a budget (the
-moment bound, and the LP relaxation of the flat H-ILP when the graph is small enough) and the end-to-end check of a schedule (measured peak, gradients against eager PyTorch).
+moment bound, and the LP relaxation of the flat H-ILP when the graph is small enough) and the
+end-to-end check of a schedule (measured peak, gradients against eager PyTorch).
 """
 
 from __future__ import annotations
