@@ -130,3 +130,23 @@ def test_lower_bound_ignores_a_point_the_lp_stopped_at(monkeypatch):
 
     monkeypatch.setattr(flat, "solve_milp", stopped)
     assert flat.lower_bound(g, budget) is None
+
+
+def test_a_batch_of_problems_solves_as_each_alone_in_this_process_and_in_a_fresh_one(
+        monkeypatch):
+    """The moment bound's LPs and MILPs go to HiGHS as one batch, in a fresh interpreter when
+    CP-SAT is loaded (forced here): the same results as :func:`solve_milp` one at a time."""
+    g = random_graph(3, 8)
+    peak = simulate(g, autodiff_schedule(g)).peak
+    milps = [build_model(g, int(peak * f)).milp for f in (0.7, 0.9)]
+    alone = [backends.solve_milp(m, "highs", relax=relax, work_limit=50)
+             for relax in (True, False) for m in milps]
+    here = (backends.solve_highs_batch(milps, relax=True, work_limit=50)
+            + backends.solve_highs_batch(milps, relax=False, work_limit=50))
+    monkeypatch.setattr(backends, "_loaded", lambda module: module.startswith("ortools"))
+    fresh = (backends.solve_highs_batch(milps, relax=True, work_limit=50)
+             + backends.solve_highs_batch(milps, relax=False, work_limit=50))
+    for a, b, c in zip(alone, here, fresh):
+        assert a.status == b.status == c.status
+        assert a.objective == pytest.approx(b.objective) and b.objective == pytest.approx(
+            c.objective)

@@ -151,6 +151,24 @@ def solve_milp(
     return res
 
 
+def solve_highs_batch(milps: list[Milp], relax: bool = False,
+                      work_limit: float = DEFAULT_WORK["highs"]) -> list[MilpResult]:
+    """Each of ``milps`` by HiGHS (one thread, seed 0, ``work_limit`` nodes, the safety cap), in
+    one process: a fresh interpreter when CP-SAT is loaded here, as :func:`solve_milp` does for
+    one problem, so that many small problems pay for one interpreter, not one each."""
+    if not installed("highs"):
+        raise SolverError("HiGHS is needed here and highspy is not installed (pip install "
+                          "highspy)")
+    args = (list(milps), relax, work_limit)
+    if _loaded("ortools.sat.python.cp_model_helper"):
+        return _in_subprocess("_solve_highs_batch", args, SAFETY_TIME)
+    return _solve_highs_batch(*args)
+
+
+def _solve_highs_batch(milps, relax, work):
+    return [_solve_highs(m, SAFETY_TIME, 1e-6, None, relax, work, 0) for m in milps]
+
+
 def _solve_with(milp, backend, time_limit, mip_gap, hint, threads, relax, pulp_solver, work,
                 seed):
     if backend == "highs":

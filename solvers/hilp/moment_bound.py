@@ -40,7 +40,7 @@ from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate
 from hiremate.ir.time_bound import moment_knapsack_costs, moment_spans
 from hiremate.ir.tracker import counted_sizes, first_run_floors
-from hiremate.solvers.hilp.backends import solve_milp
+from hiremate.solvers.hilp.backends import solve_highs_batch
 from hiremate.solvers.hilp.model import Milp
 
 #: first runs whose LP is solved, those of the highest knapsack cost: on the paper's models the
@@ -74,12 +74,31 @@ def moment_time_bound(graph: Graph, budget: int, moments: int | None = MOMENTS,
     pressed = np.flatnonzero(knapsack > 0)
     if moments is not None:
         pressed = pressed[np.argsort(-knapsack[pressed], kind="stable")[:moments]]
-    for k in pressed:
-        best[k] = max(best[k], problems.cost(int(k), integer=False))
-    for k in np.argsort(-best, kind="stable")[:exact_moments]:
-        if best[k] > 0:
-            best[k] = max(best[k], problems.cost(int(k), integer=True, nodes=exact_nodes))
+    _raise(best, pressed, problems, integer=False, nodes=1)
+    worst = [k for k in np.argsort(-best, kind="stable")[:exact_moments] if best[k] > 0]
+    _raise(best, np.array(worst, dtype=np.int64), problems, integer=True, nodes=exact_nodes)
     return base + float(best.max(initial=0.0))
+
+
+def _raise(best: np.ndarray, moments: np.ndarray, problems: _Moments, integer: bool,
+           nodes: int) -> None:
+    """``best[k]`` raised to the bound of moment ``k``'s problem, for each ``k`` of
+    ``moments``: the LP's optimum, or the MILP's dual bound after ``nodes`` nodes (an LP
+    stopped before its optimum bounds nothing, and leaves ``best[k]`` as it was)."""
+    if not len(moments):
+        return
+    built = [problems.build(int(k), integer) for k in moments]
+    results = solve_highs_batch([milp for milp, _ in built], relax=not integer,
+                                work_limit=nodes)
+    for k, (_, scale), res in zip(moments, built, results):
+        if res.status == "optimal":
+            value = res.objective
+        elif integer:
+            value = res.bound
+        else:
+            continue
+        if math.isfinite(value):
+            best[k] = max(best[k], value * (1 - _TOLERANCE) * scale)
 
 
 class _Moments:
@@ -94,19 +113,9 @@ class _Moments:
         self.producer, self.stop, _, self.ids = moment_spans(graph)
         self.times = np.array([node.time for node in graph.nodes], dtype=np.float64)
 
-    def cost(self, k: int, integer: bool, nodes: int = 1) -> float:
-        """A lower bound on the time of the reruns after node ``k``'s first run: the LP
-        relaxation's value, or the MILP's dual bound after ``nodes`` branch-and-bound nodes."""
-        milp, scale = self._problem(k, integer)
-        res = solve_milp(milp, "highs", relax=not integer, work_limit=nodes)
-        value = res.objective if res.status == "optimal" else res.bound
-        if not integer and res.status != "optimal":
-            return 0.0  # an LP stopped early bounds nothing; the knapsack's value stands
-        if not math.isfinite(value):
-            return 0.0
-        return max(0.0, value * (1 - _TOLERANCE)) * scale
-
-    def _problem(self, k: int, integer: bool) -> tuple[Milp, float]:
+    def build(self, k: int, integer: bool) -> tuple[Milp, float]:
+        """Node ``k``'s problem, its objective divided by the returned scale (the dearest
+        producer's time: HiGHS's tolerances are absolute, and node times are microseconds)."""
         graph, sizes = self.graph, self.sizes
         node = graph.nodes[k]
         free = set(node.inputs)  # in memory during k anyway
