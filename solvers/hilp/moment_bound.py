@@ -3,7 +3,7 @@
 Why: :func:`hiremate.ir.time_bound.recompute_time_bound` prices a value that cannot stay in
 memory at its producer's time alone. On convolutional graphs that is far too cheap: the output of
 a ReLU or a normalisation is cheap to make again, but only if its input is still there, and that
-input is as large. The cut bound then sat 5-12 % below schedules that were in fact optimal, so a
+input is as large. The cut bound then sat well below schedules that were in fact optimal, so a
 gap to it said nothing about the solvers (docs/results.md, issue 18).
 
 The argument, at the first run of node ``k`` in a schedule that runs every node, first in the
@@ -19,8 +19,8 @@ the reruns after ``k`` cost at least the optimum of
                                   x_u + r_producer(u) >= r_p     (u an input of p, made before k),
                                   x, r in {0, 1}.
 
-Its LP relaxation is solved at every moment where the cut bound's knapsack is not empty (a
-relaxation of this problem, so never weaker), and the problem itself, with a node limit, at the
+Its LP relaxation is solved at the moments where the cut bound's knapsack (a relaxation of this
+problem, so never stronger) is dearest, and the problem itself, with a node limit, at the
 moments whose LP value is highest; the MILP's dual bound at its limit is still a bound. The
 largest moment, added to autodiff's time, bounds the schedule's time. With the closure rows
 dropped the LP is exactly the cut bound's fractional knapsack.
