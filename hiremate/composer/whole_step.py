@@ -100,12 +100,15 @@ def _hastened(reserves: list[int], full: int, budget: int) -> int:
     return (reserves[-1] + min(full, budget - 1)) // 2
 
 
-def _finished(graph: Graph, result: Any, budget: int, start: float, solves: int):
+def _finished(graph: Graph, result: Any, budget: int, start: float, solves: int,
+              loss_bytes: int):
     """``result`` with the walk's figures in its report: its time, its solves, and the time no
-    in-order schedule within the budget beats (:func:`~hiremate.solvers.hilp.moment_bound.
-    moment_time_bound` of the graph's own problem, which the whole step only tightens), so that a
-    user reads how far the schedule can be from the best."""
-    bound = moment_time_bound(graph, budget)
+    in-order schedule of the step within the budget beats, so that a user reads how far the
+    schedule can be from the best: :func:`~hiremate.solvers.hilp.moment_bound.
+    moment_time_bound` of the step's view without generator states, whose peak is never above
+    the step's (:mod:`~hiremate.composer.step_view`), so a schedule that fits the step fits it."""
+    view = step_view(graph, loss_bytes, rng_states=False).graph
+    bound = moment_time_bound(view, budget)
     autodiff = result.report.get("autodiff_time") or 0.0
     result.report.update(solve_time=time.perf_counter() - start, whole_step_solves=solves,
                          time_bound=bound,
@@ -137,7 +140,7 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
         else:
             peak = whole_step_report(graph, result, budget, loss_bytes)
             if peak <= budget:
-                return _finished(graph, result, budget, start, solves)
+                return _finished(graph, result, budget, start, solves, loss_bytes)
             log.info("whole step %s over %s with the generator states counted from the "
                      "loss (a state kept through the forward); walking down",
                      fmt_bytes(peak - budget), fmt_bytes(budget))
@@ -186,7 +189,7 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
                 min_budget=low + full if low else None) from exc
         peak = whole_step_report(graph, result, budget, loss_bytes)
         if peak <= budget:
-            return _finished(graph, result, budget, start, solves)
+            return _finished(graph, result, budget, start, solves, loss_bytes)
         # an exact solver's fastest schedule stays the fastest at every budget down to the peak
         # it sees, so the next budget goes below that peak (not a walk down by the overflow)
         seen = simulate(view, result.schedule).peak
@@ -198,7 +201,7 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
         if reserve >= budget or reserve <= reserves[-1]:
             kept = without_random_reruns(graph, view, budget, cfg, solve, loss_bytes)
             if kept is not None:
-                return _finished(graph, kept, budget, start, solves + 1)
+                return _finished(graph, kept, budget, start, solves + 1, loss_bytes)
             raise InfeasibleBudgetError(
                 f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
                 f"random-generator states it keeps, above the budget {fmt_bytes(budget)}; "
