@@ -25,6 +25,14 @@ moments whose LP value is highest; the MILP's dual bound at its limit is still a
 largest moment, added to autodiff's time, bounds the schedule's time. With the closure rows
 dropped the LP is exactly the cut bound's fractional knapsack.
 
+One moment sees only the reruns after it, so on a chain at a tight budget, where every
+backward step needs reruns of its own, the largest moment is far below the optimum. On small
+graphs (:data:`WINDOW_NODES`) the moments are therefore also taken together
+(:func:`window_time_bound`): a rerun is placed in the window between two consecutive first
+runs, a value held at a moment was held at the one before, made again between them, or made
+or read by the node between; the MILP over every window, stopped at a node limit, gives its
+dual bound.
+
 Like the cut bound it holds for the schedules H-ILP searches (every node run, first in order).
 FastSA reorders independent nodes, so its schedules can go below it.
 """
@@ -50,21 +58,25 @@ MOMENTS = 64
 #: each: enough to close most of the integrality gap on the zoo's graphs in seconds
 EXACT_MOMENTS = 8
 EXACT_NODES = 200
+#: graphs of at most this many compute nodes also get :func:`window_time_bound` over every
+#: moment (its MILP grows with nodes times values; on larger graphs it stops far from its end)
+WINDOW_NODES = 40
 #: a bound proven to the LP's tolerances is lowered by this much, relative, so that it stays
 #: a bound
 _TOLERANCE = 1e-7
 
 
 def moment_time_bound(graph: Graph, budget: int, moments: int | None = MOMENTS,
-                      exact_moments: int = EXACT_MOMENTS, exact_nodes: int = EXACT_NODES
-                      ) -> float:
+                      exact_moments: int = EXACT_MOMENTS, exact_nodes: int = EXACT_NODES,
+                      window_nodes: int = WINDOW_NODES) -> float:
     """A lower bound on the simulated time of every schedule of ``graph`` that runs every node,
     first in the graph's order, within ``budget`` bytes (the module's doc): autodiff's time plus
     the largest, over the nodes' first runs, cost of what must be made again after it.
     ``math.inf`` when no such schedule fits. At least :func:`recompute_time_bound`'s value.
 
     ``moments``: the LP is solved at that many first runs, those of the highest knapsack cost
-    (all when None). Fewer are faster and still a bound, perhaps a weaker one."""
+    (all when None). Fewer are faster and still a bound, perhaps a weaker one. Graphs of at
+    most ``window_nodes`` compute nodes also get :func:`window_time_bound` over every moment."""
     knapsack = moment_knapsack_costs(graph, int(budget))
     if knapsack is None:
         return math.inf
@@ -77,7 +89,32 @@ def moment_time_bound(graph: Graph, budget: int, moments: int | None = MOMENTS,
     _raise(best, pressed, problems, integer=False, nodes=1)
     worst = [k for k in np.argsort(-best, kind="stable")[:exact_moments] if best[k] > 0]
     _raise(best, np.array(worst, dtype=np.int64), problems, integer=True, nodes=exact_nodes)
-    return base + float(best.max(initial=0.0))
+    extra = float(best.max(initial=0.0))
+    if extra > 0 and len(graph.nodes) <= window_nodes:
+        extra = max(extra, window_time_bound(graph, int(budget), nodes=exact_nodes) - base)
+    return base + extra
+
+
+def window_time_bound(graph: Graph, budget: int, first: int = 0, last: int | None = None,
+                      nodes: int = EXACT_NODES) -> float:
+    """A lower bound on the time of every in-order schedule of ``graph`` within ``budget``
+    (the module's doc), from the first runs ``first`` to ``last`` taken together: the MILP's
+    dual bound after ``nodes`` branch-and-bound nodes. Window ``w`` holds the reruns between
+    the first runs of ``w`` and ``w + 1`` (after ``last`` for the last one). ``math.inf`` when
+    no such schedule fits."""
+    last = len(graph.nodes) - 1 if last is None else last
+    floors = first_run_floors(graph)
+    if any(floors[w] > budget for w in range(first, last + 1)):
+        return math.inf
+    base = simulate(graph, autodiff_schedule(graph)).time
+    milp, scale = _Windows(graph, budget, first, last, floors).build()
+    if milp is None:
+        return base
+    res = solve_highs_batch([milp], relax=False, work_limit=nodes)[0]
+    value = res.objective if res.status == "optimal" else res.bound
+    if not math.isfinite(value):
+        return base
+    return base + max(0.0, value * (1 - _TOLERANCE) * scale)
 
 
 def _raise(best: np.ndarray, moments: np.ndarray, problems: _Moments, integer: bool,
@@ -175,4 +212,93 @@ class _Moments:
         milp = Milp(c=c, A=A, row_lo=np.array(lo), row_hi=np.array(hi),
                     col_lo=np.zeros(n_cols), col_hi=np.ones(n_cols),
                     integer=np.full(n_cols, integer))
+        return milp, scale
+
+
+class _Windows:
+    """The MILP of consecutive first runs ``first..last`` taken together: ``x[v, w]``, value
+    ``v`` in memory while ``w`` runs; ``r[p, w]``, producer ``p`` run again in window ``w``."""
+
+    def __init__(self, graph: Graph, budget: int, first: int, last: int, floors: list[int]):
+        self.graph, self.budget, self.first, self.last = graph, budget, first, last
+        self.floors = floors
+        self.sizes = counted_sizes(graph)
+        self.outputs = set(graph.outputs)
+        self.cols: dict[tuple[str, int, int], int] = {}
+        self.rows: list[tuple[dict[int, float], float, float]] = []
+
+    def _col(self, kind: str, item: int, window: int) -> int:
+        return self.cols.setdefault((kind, item, window), len(self.cols))
+
+    def _held_anyway(self, u: int, w: int) -> bool:
+        """A source, not counted, a model output, or read or made by node ``w`` itself."""
+        graph = self.graph
+        return (graph.data[u].producer is None or self.sizes[u] == 0 or u in self.outputs
+                or u in graph.nodes[w].inputs or u in graph.nodes[w].outputs)
+
+    def build(self) -> tuple[Milp | None, float]:
+        graph, first, last = self.graph, self.first, self.last
+        finals = set(graph.final_data)
+        readers: list[list[int]] = [[] for _ in graph.data]
+        for node in graph.nodes:
+            for d in node.inputs:
+                readers[d].append(node.id)
+        end = len(graph.nodes)
+        for w in range(first, last + 1):  # read after w: held, or made again before its reader
+            for d in graph.data:
+                if d.producer is None or d.producer >= w or self._held_anyway(d.id, w):
+                    continue
+                later = [j for j in readers[d.id] if j > w]
+                if not later and d.id not in finals:
+                    continue
+                reader = min(later, default=end)
+                row = {self._col("x", d.id, w): 1.0}
+                for window in range(w, min(reader - 1, last) + 1):
+                    row[self._col("r", d.producer, window)] = 1.0
+                self.rows.append((row, 1.0, np.inf))
+        done: set[tuple[str, int, int]] = set()
+        while len(done) < len(self.cols):  # every rerun's inputs, every held value's past
+            for key in [k for k in self.cols if k not in done]:
+                done.add(key)
+                kind, item, w = key
+                if kind == "r":  # an input of a rerun in window w: held during w, or made in w
+                    for u in dict.fromkeys(graph.nodes[item].inputs):
+                        if not self._held_anyway(u, w):
+                            self.rows.append(({self._col("x", u, w): 1.0,
+                                               self._col("r", graph.data[u].producer, w): 1.0,
+                                               self.cols[key]: -1.0}, 0.0, np.inf))
+                elif w > first and graph.data[item].producer < w - 1 \
+                        and item not in graph.nodes[w - 1].inputs:
+                    # held during w: held during w - 1, or made again between them
+                    self.rows.append(({self.cols[key]: 1.0,
+                                       self._col("x", item, w - 1): -1.0,
+                                       self._col("r", graph.data[item].producer, w - 1): -1.0},
+                                      -np.inf, 0.0))
+        if not self.cols:
+            return None, 1.0
+        for w in range(first, last + 1):  # what is held fits beside w's own run
+            room = self.budget - self.floors[w]
+            row = {c: self.sizes[item] / max(room, 1) for (kind, item, window), c
+                   in self.cols.items() if kind == "x" and window == w}
+            if row:
+                self.rows.append((row, -np.inf, 1.0 if room > 0 else 0.0))
+        n = len(self.cols)
+        times = np.zeros(n)
+        upper = np.ones(n)
+        for (kind, item, w), c in self.cols.items():
+            if kind == "r":
+                times[c] = graph.nodes[item].time
+                upper[c] = 1.0 if item <= w else 0.0  # not run yet: cannot run again
+        scale = float(times.max()) if times.max() > 0 else 1.0
+        rows, cols, coef, lo, hi = [], [], [], [], []
+        for r, (row, low, high) in enumerate(self.rows):
+            for c, v in row.items():
+                rows.append(r)
+                cols.append(c)
+                coef.append(v)
+            lo.append(low)
+            hi.append(high)
+        A = sp.csr_matrix((coef, (rows, cols)), shape=(len(self.rows), n))
+        milp = Milp(c=times / scale, A=A, row_lo=np.array(lo), row_hi=np.array(hi),
+                    col_lo=np.zeros(n), col_hi=upper, integer=np.ones(n, dtype=bool))
         return milp, scale
