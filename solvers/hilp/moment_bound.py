@@ -91,7 +91,8 @@ def moment_time_bound(graph: Graph, budget: int, moments: int | None = MOMENTS,
     _raise(best, np.array(worst, dtype=np.int64), problems, integer=True, nodes=exact_nodes)
     extra = float(best.max(initial=0.0))
     if extra > 0 and len(graph.nodes) <= window_nodes:
-        extra = max(extra, window_time_bound(graph, int(budget), nodes=exact_nodes) - base)
+        extra = max(extra, _window_extra(graph, int(budget), 0, len(graph.nodes) - 1,
+                                         problems.floors, exact_nodes))
     return base + extra
 
 
@@ -107,14 +108,38 @@ def window_time_bound(graph: Graph, budget: int, first: int = 0, last: int | Non
     if any(floors[w] > budget for w in range(first, last + 1)):
         return math.inf
     base = simulate(graph, autodiff_schedule(graph)).time
+    return base + _window_extra(graph, int(budget), first, last, floors, nodes)
+
+
+def _window_extra(graph: Graph, budget: int, first: int, last: int, floors: list[int],
+                  nodes: int) -> float:
+    """The windows' bound on the time of the reruns (:func:`window_time_bound`)."""
     milp, scale = _Windows(graph, budget, first, last, floors).build()
     if milp is None:
-        return base
+        return 0.0
     res = solve_highs_batch([milp], relax=False, work_limit=nodes)[0]
     value = res.objective if res.status == "optimal" else res.bound
-    if not math.isfinite(value):
-        return base
-    return base + max(0.0, value * (1 - _TOLERANCE) * scale)
+    return max(0.0, value * (1 - _TOLERANCE) * scale) if math.isfinite(value) else 0.0
+
+
+def _assemble(rows: list[tuple[dict[int, float], float, float]], times: np.ndarray,
+              upper: np.ndarray, integer: bool) -> tuple[Milp, float]:
+    """The MILP ``min times.x`` over ``0 <= x <= upper`` with ``rows`` (each its coefficients
+    by column, and its bounds), its objective divided by the returned scale (the dearest
+    time: HiGHS's tolerances are absolute, and node times are microseconds)."""
+    n = len(times)
+    scale = float(times.max()) if n and times.max() > 0 else 1.0
+    coef, at_row, at_col = [], [], []
+    for r, (row, _, _) in enumerate(rows):
+        for c, v in row.items():
+            at_row.append(r)
+            at_col.append(c)
+            coef.append(v)
+    A = sp.csr_matrix((coef, (at_row, at_col)), shape=(len(rows), n))
+    milp = Milp(c=times / scale, A=A, row_lo=np.array([lo for _, lo, _ in rows], dtype=float),
+                row_hi=np.array([hi for _, _, hi in rows], dtype=float),
+                col_lo=np.zeros(n), col_hi=upper, integer=np.full(n, integer))
+    return milp, scale
 
 
 def _raise(best: np.ndarray, moments: np.ndarray, problems: _Moments, integer: bool,
@@ -151,8 +176,7 @@ class _Moments:
         self.times = np.array([node.time for node in graph.nodes], dtype=np.float64)
 
     def build(self, k: int, integer: bool) -> tuple[Milp, float]:
-        """Node ``k``'s problem, its objective divided by the returned scale (the dearest
-        producer's time: HiGHS's tolerances are absolute, and node times are microseconds)."""
+        """Node ``k``'s problem and its objective's scale (:func:`_assemble`)."""
         graph, sizes = self.graph, self.sizes
         node = graph.nodes[k]
         free = set(node.inputs)  # in memory during k anyway
@@ -182,37 +206,19 @@ class _Moments:
                 needs.append((p, u))
                 add_producer(made_by)
         n_values = len(value_col)
-        n_cols = n_values + len(producers)
         room = self.budget - self.floors[k]
-        rows, cols, coef = [], [], []
-        for u, j in value_col.items():  # the values held fit in the room
-            rows.append(0)
-            cols.append(j)
-            coef.append(sizes[u] / room if room > 0 else float(sizes[u]))
-        lo, hi = [-np.inf], [1.0 if room > 0 else 0.0]
+        rows: list[tuple[dict[int, float], float, float]] = [(  # the values held fit the room
+            {j: sizes[u] / room if room > 0 else float(sizes[u]) for u, j in value_col.items()},
+            -np.inf, 1.0 if room > 0 else 0.0)]
         for v in live:  # read after k: held, or its producer runs again
-            r = len(lo)
-            rows += [r, r]
-            cols += [value_col[v], n_values + producer_col[graph.data[v].producer]]
-            coef += [1.0, 1.0]
-            lo.append(1.0)
-            hi.append(np.inf)
+            rows.append(({value_col[v]: 1.0,
+                          n_values + producer_col[graph.data[v].producer]: 1.0}, 1.0, np.inf))
         for p, u in needs:  # a rerun's input: held, or made again too
-            r = len(lo)
-            rows += [r, r, r]
-            cols += [value_col[u], n_values + producer_col[graph.data[u].producer],
-                     n_values + producer_col[p]]
-            coef += [1.0, 1.0, -1.0]
-            lo.append(0.0)
-            hi.append(np.inf)
-        times = self.times[producers]
-        scale = float(times.max()) if len(times) and times.max() > 0 else 1.0
-        c = np.concatenate([np.zeros(n_values), times / scale])
-        A = sp.csr_matrix((coef, (rows, cols)), shape=(len(lo), n_cols))
-        milp = Milp(c=c, A=A, row_lo=np.array(lo), row_hi=np.array(hi),
-                    col_lo=np.zeros(n_cols), col_hi=np.ones(n_cols),
-                    integer=np.full(n_cols, integer))
-        return milp, scale
+            rows.append(({value_col[u]: 1.0,
+                          n_values + producer_col[graph.data[u].producer]: 1.0,
+                          n_values + producer_col[p]: -1.0}, 0.0, np.inf))
+        times = np.concatenate([np.zeros(n_values), self.times[producers]])
+        return _assemble(rows, times, np.ones(len(times)), integer)
 
 
 class _Windows:
@@ -289,16 +295,4 @@ class _Windows:
             if kind == "r":
                 times[c] = graph.nodes[item].time
                 upper[c] = 1.0 if item <= w else 0.0  # not run yet: cannot run again
-        scale = float(times.max()) if times.max() > 0 else 1.0
-        rows, cols, coef, lo, hi = [], [], [], [], []
-        for r, (row, low, high) in enumerate(self.rows):
-            for c, v in row.items():
-                rows.append(r)
-                cols.append(c)
-                coef.append(v)
-            lo.append(low)
-            hi.append(high)
-        A = sp.csr_matrix((coef, (rows, cols)), shape=(len(self.rows), n))
-        milp = Milp(c=times / scale, A=A, row_lo=np.array(lo), row_hi=np.array(hi),
-                    col_lo=np.zeros(n), col_hi=upper, integer=np.ones(n, dtype=bool))
-        return milp, scale
+        return _assemble(self.rows, times, upper, integer=True)
