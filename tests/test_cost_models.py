@@ -194,3 +194,24 @@ def test_fourier_transforms_have_a_class_of_their_own():
     ffts = {str(n.target) for n in nodes if op_class(n) == "fft"}
     assert ffts >= {"aten._fft_r2c.default", "aten._fft_c2r.default"}
     assert all(op_class(n) != "fft" for n in nodes if "fft" not in str(n.target))
+
+
+def test_scratch_leaves_out_parameter_gradients_wherever_they_fall():
+    """An op's scratch from its allocation events: a weight gradient's block is memory no
+    budget counts, whether the op allocates it before its scratch peak or after it; a block
+    at an address that a gradient later reuses is still counted where it was scratch."""
+    from hiremate.graphbuilder.costs.memory import temps_from_events
+
+    grad_at, out_at, tmp_at = 100, 200, 300
+    per_node = [
+        # scratch at the gradient's future address, freed, then a 64-byte output: 4096 - 64
+        ("fwd", [(grad_at, 4096), (grad_at, -4096), (out_at, 64)]),
+        # scratch peaks before the gradient is allocated: 1000
+        ("bwd_scratch_first", [(tmp_at, 1000), (tmp_at, -1000), (grad_at, 4096)]),
+    ]
+    assert temps_from_events(per_node, {grad_at}) == {"fwd": 4032, "bwd_scratch_first": 1000}
+    # the gradient first, then the scratch: still 1000
+    late = [("bwd_grad_first", [(grad_at, 4096), (tmp_at, 1000), (tmp_at, -1000)])]
+    assert temps_from_events(late, {grad_at}) == {"bwd_grad_first": 1000}
+    # counted as an output, the gradient would hide the scratch made before it
+    assert temps_from_events(per_node, set())["bwd_scratch_first"] == 0

@@ -25,7 +25,8 @@ PACKAGE_DIRS = {
 
 #: lowest first; a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, ...]] = [
-    ("hiremate.errors", "hiremate.units", "hiremate.quiet", "hiremate.paths"),
+    ("hiremate.errors", "hiremate.units", "hiremate.quiet", "hiremate.paths",
+     "hiremate.cuda_trace"),
     ("hiremate.ir",),
     ("hiremate.graphbuilder", "hiremate.partition", "hiremate.solvers"),
     ("hiremate.testing",),

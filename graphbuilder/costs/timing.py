@@ -5,7 +5,8 @@ share a signature share its time. The timing is *interleaved*: a round times eac
 (the fastest of a few back-to-back calls), and the time kept is the minimum over the rounds. A
 burst of load from another process then spoils one round of some signatures, not all samples of
 one, and the minimum (the run the scheduler left alone) is what the op costs on a quiet machine.
-On a GPU the samples are CUDA events around the call. On the CPU with one intra-op thread the
+On a GPU the samples are CUDA events around the call, its launches hidden behind a spinning
+kernel, so that a sample is the op's kernels' time. On the CPU with one intra-op thread the
 samples are the calling thread's CPU time (:func:`cpu_clock`): a core shared with another
 process for the whole build then costs nothing, where wall time would grow with the load.
 """
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 
 #: back-to-back calls per sample: enough for about a millisecond, between these bounds
 _INNER_BOUNDS = (2, 5)
+#: GPU cycles spun before each timed CUDA call (about 0.1 ms at 2 GHz): longer than one op's
+#: launches take on the CPU, so that none of them is waited for inside the events
+_LAUNCH_COVER_CYCLES = 200_000
 
 
 def signature(node: torch.fx.Node, env: dict[str, Any]) -> str:
@@ -97,6 +101,10 @@ def _sampler(node: torch.fx.Node, env: dict[str, Any], device: torch.device
 
         def once() -> float:
             a, k = fresh()
+            # the GPU spins while the op's kernels are launched behind the start event: the
+            # events then frame the kernels alone, as in a run where the CPU is ahead of the GPU
+            # (a step bound by launches instead is :func:`in_situ_overhead`'s share)
+            torch.cuda._sleep(_LAUNCH_COVER_CYCLES)
             start_ev.record()
             node.target(*a, **k)
             end_ev.record()
@@ -157,11 +165,15 @@ def time_nodes(nodes: list[torch.fx.Node], env: dict[str, Any], rounds: int,
 
 
 def in_situ_overhead(gm: torch.fx.GraphModule, inputs: list[Any], nodes: list[torch.fx.Node],
-                     times: dict[str, float], device: torch.device, runs: int = 5) -> float:
+                     times: dict[str, float], device: torch.device, runs: int = 5,
+                     seconds: float = 0.25, max_runs: int = 50) -> float:
     """Per-op cost that isolated timing misses: run the whole joint graph as straight-line code
     (fx's own code generation, as the executor runs a schedule: cold caches, allocator traffic,
     one Python call per op) and spread the difference between its fastest run and the sum of
-    the isolated times evenly over the ops."""
+    the isolated times evenly over the ops. At least ``runs`` timed runs, more (up to
+    ``max_runs``) while they fit in about ``seconds``: on a GPU a small model's step is
+    launch-bound, this difference is most of its time, and the fastest of a few runs of a
+    few milliseconds moves with the host's load."""
     with warnings.catch_warnings():  # pytree specs warn about a deprecated check when copied
         warnings.simplefilter("ignore", FutureWarning)
         replayable = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
@@ -174,7 +186,8 @@ def in_situ_overhead(gm: torch.fx.GraphModule, inputs: list[Any], nodes: list[to
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for _ in range(runs + 1):
+        wanted = runs + 1  # the first run (lazy initialisation) is never kept
+        while len(samples) < wanted:
             fresh = [v.clone() if isinstance(v, torch.Tensor) else v for v in flat]
             sync()
             start = clock()
@@ -182,6 +195,8 @@ def in_situ_overhead(gm: torch.fx.GraphModule, inputs: list[Any], nodes: list[to
             sync()
             samples.append(clock() - start - cost)
             del result, fresh
+            if len(samples) == 2:
+                wanted = max(wanted, min(max_runs, int(seconds / max(samples[1], 1e-6))) + 1)
     finally:
         if gc_was_enabled:
             gc.enable()

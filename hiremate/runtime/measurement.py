@@ -62,6 +62,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from hiremate.cuda_trace import device_trace, events_from_cuda_trace, record_cuda_history
 from hiremate.errors import ConfigError
 from hiremate.runtime.preserve import preserved
 from hiremate.units import fmt_bytes
@@ -131,23 +132,6 @@ def peak_of_events(events: Iterable[tuple[int, int]], excluded: Iterable[int] = 
         current += nbytes
         peak = max(peak, current)
     return peak
-
-
-def events_from_cuda_trace(trace: Iterable[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """``(address, bytes)`` events from one device trace of ``torch.cuda.memory._snapshot()``.
-
-    ``alloc`` adds a block, ``free_completed`` removes it (that is when the caching allocator's
-    allocated-bytes statistic drops; ``free_requested`` only marks a block whose stream use is
-    still pending). Segment actions move reserved, not allocated, memory and are ignored.
-    """
-    events: list[tuple[int, int]] = []
-    for entry in trace:
-        action = entry.get("action")
-        if action == "alloc":
-            events.append((int(entry["addr"]), int(entry["size"])))
-        elif action == "free_completed":
-            events.append((int(entry["addr"]), -int(entry["size"])))
-    return events
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,36 +395,20 @@ def _cpu_peak(run: Callable[[], None], grads: _GradState) -> tuple[int, str]:
     return _peak_of_deltas(_cpu_total_deltas(prof)), CPU_PROFILER_TOTALS
 
 
-def _record_cuda_history(device: torch.device, enabled: bool) -> None:
-    from torch.cuda import memory as cuda_memory
-
-    if not enabled:
-        cuda_memory._record_memory_history(enabled=None, device=device)
-        return
-    try:
-        cuda_memory._record_memory_history(
-            enabled="all", context=None, stacks="python", device=device, clear_history=True,
-            skip_actions=["free_requested", "segment_alloc", "segment_free", "snapshot"],
-        )
-    except TypeError:  # an older signature: no skip_actions / clear_history
-        cuda_memory._record_memory_history(enabled="all", context=None, device=device)
-
-
 def _cuda_peak(run: Callable[[], None], grads: _GradState, device: torch.device) -> tuple[int, str]:
     grads.clear()
     torch.cuda.synchronize(device)
     try:
-        _record_cuda_history(device, True)
+        record_cuda_history(device, True)
     except Exception as exc:  # private API missing or failing: use the allocator statistics
         log.info("measure: CUDA memory history unavailable (%s); using peak statistics", exc)
     else:
         try:
             run()
             torch.cuda.synchronize(device)
-            snapshot = torch.cuda.memory._snapshot(device)
+            trace = device_trace(device)
         finally:
-            _record_cuda_history(device, False)
-        trace = snapshot["device_traces"][device.index]
+            record_cuda_history(device, False)
         events = events_from_cuda_trace(trace)
         return peak_of_events(events, grads.param_grad_addresses()), CUDA_HISTORY
     grads.zero_params()
