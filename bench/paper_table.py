@@ -27,6 +27,7 @@ Run::
     python bench/paper_table.py fno1d unet --cost flops --n-jobs 1 --cache /tmp/paper-graphs
     python bench/paper_table.py --execute --json            # every model, one JSON per line
     python bench/paper_table.py gpt-24 --set flat_max_nodes=0 --set total_options=60
+    python bench/paper_table.py --graphs /tmp/pg --lp-max-nodes 0 --json   # a GPU's graphs
 
 ``--config`` takes a preset name or a YAML file; ``--set key=value`` (repeatable, dotted keys
 into mappings: ``solver_params.hilp-top.time_limit=60``) overrides it. Prints a Markdown table
@@ -47,6 +48,7 @@ import torch
 import hiremate
 from hiremate import zoo
 from hiremate.errors import HiremateError
+from hiremate.ir.graph import Graph
 from hiremate.zoo.paper import PaperModel
 
 from paper_common import (
@@ -70,16 +72,20 @@ def row(m: PaperModel, args: argparse.Namespace) -> dict[str, Any]:
     dtype = torch.float64 if args.execute else None
     key = f"paper-{m.paper_name}" + ("-f64" if args.execute else "")
     log.info("%s: building the graph (%s costs)", m.paper_name, args.cost)
-    graph, build_s = graph_of(key, lambda: zoo.get_paper(m.paper_name, dtype=dtype),
-                              args.cost, args.cache)
+    if args.graphs is not None:  # captured elsewhere (bench/paper_gpu.py capture: a GPU's)
+        graph, build_s = Graph.load(args.graphs / f"{m.paper_name}.graph"), 0.0
+    else:
+        graph, build_s = graph_of(key, lambda: zoo.get_paper(m.paper_name, dtype=dtype),
+                                  args.cost, args.cache)
     ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
     budget = int(args.budget * ad.peak)
     cfg = make_config(args.config, args.set, cache=False, calibrate=0, n_jobs=args.n_jobs,
                       progress=False)
     paper = PAPER_TABLE3C[m.paper_name]
     out: dict[str, Any] = {
-        "model": m.paper_name, "cost": args.cost, "dtype": "float64" if args.execute else
-        "float32", "budget_fraction": args.budget, "budget": budget,
+        "model": m.paper_name, "cost": graph.meta.get("cost_model", args.cost),
+        "dtype": "float64" if args.execute else "float32", "budget_fraction": args.budget,
+        "budget": budget,
         "compute_nodes": len(graph.nodes), "fwd_nodes": len(graph.fwd_nodes),
         "build_s": round(build_s, 1), "paper_partition": list(m.paper_partition),
         "paper_relative_time": paper[3], "paper_observed_relative_peak": paper[2],
@@ -143,6 +149,9 @@ def main() -> None:
     parser.add_argument("--whole-step", action="store_true",
                         help="solve for the whole step, as solve_graph does (default: the "
                              "graph's own problem, the paper's)")
+    parser.add_argument("--graphs", type=Path, default=None,
+                        help="folder of graphs NAME.graph captured elsewhere (bench/paper_gpu.py "
+                             "capture, on a GPU): solved as they are, no build")
     parser.add_argument("--verbose", action="store_true",
                         help="log each phase with its time (build, solve, runs) to stderr")
     add_common_arguments(parser, "configuration override (repeatable; dotted keys into mappings)")
