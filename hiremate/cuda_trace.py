@@ -16,21 +16,30 @@ from typing import Any
 import torch
 
 
-def record_cuda_history(device: torch.device, enabled: bool) -> None:
-    """Start (with an empty history) or stop recording ``device``'s allocator history. Raises
-    whatever the private API raises where it is missing or refuses."""
+def record_cuda_history(device: torch.device, enabled: bool) -> bool:
+    """Start or stop recording ``device``'s allocator history. Started, it says whether the
+    history began empty (torch versions without ``clear_history`` keep what came before).
+    Raises whatever the private API raises where it is missing or refuses."""
     from torch.cuda import memory as cuda_memory
 
     if not enabled:
         cuda_memory._record_memory_history(enabled=None, device=device)
-        return
+        return False
     try:
         cuda_memory._record_memory_history(
             enabled="all", context=None, stacks="python", device=device, clear_history=True,
             skip_actions=["free_requested", "segment_alloc", "segment_free", "snapshot"],
         )
-    except TypeError:  # an older signature: no skip_actions / clear_history
+        return True
+    except TypeError:  # an older signature: no skip_actions (the trace is then longer)
+        pass
+    try:
+        cuda_memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                           device=device, clear_history=True)
+        return True
+    except TypeError:  # older still: no clear_history
         cuda_memory._record_memory_history(enabled="all", context=None, device=device)
+        return False
 
 
 def device_trace(device: torch.device) -> list[Mapping[str, Any]]:

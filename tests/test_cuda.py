@@ -74,7 +74,7 @@ def test_cuda_autodiff_step_peak_is_eagers(name):
     """The simulator's whole step for the autodiff schedule (the loss's measured bytes added)
     peaks where eager PyTorch's measured step does: the scratch taken at capture leaves the
     weight gradients out wherever a backward op allocates them (before, every such op was
-    charged its weight gradient as scratch, 1.9x eager's peak on the mlp)."""
+    charged its weight gradient as scratch: docs/benchmarks.md, "On a GPU again")."""
     from hiremate.ir.simulator import autodiff_schedule, step_peak
     from hiremate.runtime.measurement import loss_memory
 

@@ -68,11 +68,13 @@ def _cuda_temps(calls: list[torch.fx.Node], env: dict[str, Any], device: torch.d
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     try:
-        record_cuda_history(device, True)
+        cleared = record_cuda_history(device, True)
         record_cuda_history(device, False)
     except Exception as exc:  # the private API missing or refusing
-        log.info("capture: CUDA memory history unavailable (%s); scratch from peak statistics",
-                 exc)
+        cleared = False
+        log.info("capture: CUDA memory history unavailable (%s)", exc)
+    if not cleared:  # each op's trace must start empty
+        log.info("capture: per-op CUDA memory history unavailable; scratch from peak statistics")
         return _cuda_temps_from_statistics(calls, env, device, param_grads)
     per_node: list[tuple[str, list[tuple[int, int]]]] = []
     for node in calls:
