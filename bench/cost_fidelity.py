@@ -134,7 +134,8 @@ def peak_and_time(name: str, cost: str, budget_fraction: float, rounds: int,
     budget = resolve_budget(budget_fraction, graph)
     args, kwargs = _call(sample)
     row: dict[str, Any] = {"model": name, "cost": graph.meta["cost_model"],
-                           "nodes": len(graph.nodes)}
+                           "nodes": len(graph.nodes),
+                           "in_situ_share": graph.meta.get("in_situ_share")}
     eager = hiremate.measure(model, *args, loss_fn=loss_fn, repeats=rounds, **kwargs)
     autodiff = simulate(graph, hiremate.autodiff_schedule(graph))
     plain = HRockmate.from_graph(model, graph, 1.0, sample=sample, calibrate=0, cache=False,

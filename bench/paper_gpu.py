@@ -136,6 +136,7 @@ def capture(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
     return {
         "model": name, "scale": list(args.scale[name]), "device": str(device),
         "cost": graph.meta.get("cost_model"), "compute_nodes": len(graph.nodes),
+        "in_situ_share": graph.meta.get("in_situ_share"),
         "build_s": round(build_s, 1), "eager_step_ms": min(eager.times) * 1e3,
         "predicted_step_ms": sim.time * 1e3, "predicted_over_eager": sim.time / min(eager.times),
         "autodiff_peak": sim.peak, "loss_bytes": loss_bytes,

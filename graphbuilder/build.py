@@ -46,6 +46,9 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
         "model": type(model).__name__,
         "capture_path": cap.path,
         "cost_model": resolve_cost_model(cost_model, _device(model, sample)),
+        # of the ops' summed time, the part that is the in-situ share (``measured`` costs):
+        # near 1 the step is bound by launches and dispatch, not by the ops' own work
+        "in_situ_share": _in_situ_share(costs),
         "device": str(_device(model, sample)),
         # a saved CPU generator state (what the executor keeps to rerun a random op); on a GPU
         # the states live in host memory, outside the device's budget
@@ -64,6 +67,12 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     graph = assemble(cap, grouping, costs, meta)
     log.info("built %r in %.2fs (capture %.2fs)", graph, time.perf_counter() - start, t_capture)
     return graph
+
+
+def _in_situ_share(costs: dict[str, Any]) -> float:
+    """The in-situ share of the ops' summed time (0 without time or under other cost models)."""
+    total = sum(c.time for c in costs.values())
+    return round(sum(c.in_situ for c in costs.values()) / total, 6) if total > 0 else 0.0
 
 
 def _device(model: torch.nn.Module, sample: Any) -> torch.device:

@@ -215,3 +215,15 @@ def test_scratch_leaves_out_parameter_gradients_wherever_they_fall():
     assert temps_from_events(late, {grad_at}) == {"bwd_grad_first": 1000}
     # counted as an output, the gradient would hide the scratch made before it
     assert temps_from_events(per_node, set())["bwd_scratch_first"] == 0
+
+
+def test_the_graph_says_how_much_of_its_time_is_the_in_situ_share(fit_dir):
+    """``measured`` costs add to every op an even share of what the whole program's replay
+    takes beyond the ops timed alone; the graph keeps how much of its time that share is, so a
+    launch-bound capture can be told from a compute-bound one. Other cost models have none."""
+    model, x = _model()
+    measured = hiremate.build_graph(model, x, cost_model="measured")
+    share = measured.meta["in_situ_share"]
+    assert 0.0 <= share < 1.0
+    flops = hiremate.build_graph(model, x, cost_model="flops", cache_dir=fit_dir)
+    assert flops.meta["in_situ_share"] == 0.0

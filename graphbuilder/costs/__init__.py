@@ -43,6 +43,7 @@ class OpCost:
     time: float        # seconds
     temp: int          # bytes allocated and freed inside the op
     flops: float
+    in_situ: float = 0.0  # seconds of ``time`` that are the in-situ share (``measured`` only)
 
 
 def check_cost_model(cost_model: Any) -> str:
@@ -76,12 +77,14 @@ def op_costs(gm: torch.fx.GraphModule, inputs: list[Any], cost_model: str = "aut
     name = resolve_cost_model(cost_model, device)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     flops = {n.name: flops_of(n) for n in nodes}
+    shares: dict[str, float] = {}
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         env, temps = run_and_trace_memory(gm, inputs, device, param_grads)
         if name == "measured":
             times = time_nodes(nodes, env, repeats, device, progress)
             per_op = in_situ_overhead(gm, inputs, nodes, times, device)
-            times = {k: t + (per_op if t > 0 else 0.0) for k, t in times.items()}
+            shares = {k: per_op if t > 0 else 0.0 for k, t in times.items()}
+            times = {k: t + shares[k] for k, t in times.items()}
     del env
     if name == "flops":
         times = {n.name: fixed_machine_time(n, flops[n.name]) for n in nodes}
@@ -92,7 +95,8 @@ def op_costs(gm: torch.fx.GraphModule, inputs: list[Any], cost_model: str = "aut
                           Path(cache_dir) if cache_dir is not None else default_cache_dir())
         times = {n.name: fit.time(n, flops[n.name]) for n in nodes}
     return {n.name: OpCost(times.get(n.name, 0.0) if n.target is not operator.getitem else 0.0,
-                           temps.get(n.name, 0), flops[n.name])
+                           temps.get(n.name, 0), flops[n.name],
+                           shares.get(n.name, 0.0) if n.target is not operator.getitem else 0.0)
             for n in nodes}
 
 
