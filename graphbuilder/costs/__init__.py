@@ -18,6 +18,7 @@ depend on the machine's load (:mod:`.memory`). Times come from the chosen ``cost
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,11 @@ def op_costs(gm: torch.fx.GraphModule, inputs: list[Any], cost_model: str = "aut
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     flops = {n.name: flops_of(n) for n in nodes}
     shares: dict[str, float] = {}
-    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+    # events, the launch-covering spin and the allocator history act on the current device:
+    # make it the model's (a model on cuda:1 would otherwise be timed on cuda:0's stream)
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device, torch.random.fork_rng(
+            devices=[device.index or 0] if device.type == "cuda" else []):
         env, temps = run_and_trace_memory(gm, inputs, device, param_grads)
         if name == "measured":
             times = time_nodes(nodes, env, repeats, device, progress)
