@@ -59,3 +59,28 @@ def test_lower_bound_kinds_and_gap():
     assert kind in ("LP", "moment", "LP infeasible") and tight >= cut
     assert paper_common.gap(1.1, 1.0) == pytest.approx(0.1)
     assert math.isnan(paper_common.gap(1.0, math.inf))
+
+
+def test_paper_gpu_phases_round_trip_through_the_cache(tmp_path):
+    """``bench/paper_gpu.py``'s capture, solve and execute (here on the CPU, FLOP costs, a
+    small size): the schedule solved in one process is read back from the cache in another
+    (no second solve), runs within its budget and gives eager's gradients."""
+    import json
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "paper_gpu.py"
+    common = ["--out", str(tmp_path), "--device", "cpu", "--scale", "unet=8,2",
+              "--set", "polish=[]"]
+    for phase, extra in (("capture", ["--cost", "flops", "--rounds", "1"]), ("solve", []),
+                         ("execute", ["--rounds", "1"])):
+        subprocess.run([sys.executable, str(script), phase, "unet", *common, *extra],
+                       check=True, capture_output=True, timeout=600)
+    rows = {name: json.loads((tmp_path / f"{name}.jsonl").read_text().splitlines()[-1])
+            for name in ("capture", "solve", "execute")}
+    assert all("error" not in row for row in rows.values()), rows
+    assert rows["capture"]["cost"] == "flops" and rows["capture"]["compute_nodes"] > 0
+    run = rows["execute"]
+    assert run["cache_hits"] >= 1 and run["solver"] == rows["solve"]["solver"]
+    assert run["predicted_relative_time"] == rows["solve"]["relative_time"]
+    assert run["measured_peak_over_budget"] <= 1.02
+    assert run["max_grad_diff_relative"] < 1e-5
