@@ -31,7 +31,9 @@ proportion to their forward nodes, ``n_options`` at most each.
 The hierarchical path (bottom + top) runs too unless a flat H-ILP proved its schedule optimal
 or the best flat schedule is predicted within ``hierarchical_above`` times autodiff's time (a
 time-limited flat MILP often keeps a poor incumbent that the hierarchy beats); all candidates are simulated and the fastest
-one within the budget is kept. With ``reuse_schedules`` (and the cache on), the schedules that
+one within the budget is kept. With ``flat_rewarm``, a flat H-ILP that proved nothing and that
+the hierarchy's schedules beat runs once more, warm-started from them: within the same work
+limit, the search then starts from the better schedule instead of TW-Remat's. With ``reuse_schedules`` (and the cache on), the schedules that
 earlier solves of the same graph and configuration found at other budgets are candidates too
 (:mod:`hiremate.composer.pool`): a solve never returns something slower than a schedule already
 known to fit.
@@ -81,6 +83,7 @@ class Config:
     polish_from: int = 3         # ... the fastest candidate of this many fastest sources
     flat_max_nodes: int = 250
     hierarchical_above: float = 1.0  # skip the hierarchy when a flat schedule is this fast
+    flat_rewarm: bool = False    # flat H-ILP again, warm-started from the hierarchy's schedules
     solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_options: int = 8           # options kept per block at most
     total_options: int | None = None  # N_o: options of one problem's blocks (None: n_options each)
@@ -161,7 +164,8 @@ class Config:
     def _check_types(self) -> None:
         """The remaining fields' types, so that a YAML typo fails here and not mid-solve."""
         expect = {"name": str, "description": str, "backend": str, "cache": bool,
-                  "reuse_schedules": bool, "partitioner_params": dict, "solver_params": dict}
+                  "reuse_schedules": bool, "flat_rewarm": bool, "partitioner_params": dict,
+                  "solver_params": dict}
         for key, typ in expect.items():
             if hasattr(self, key) and not isinstance(getattr(self, key), typ):
                 raise ConfigError(f"{key} must be a {typ.__name__}, got {getattr(self, key)!r}")

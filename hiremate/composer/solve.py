@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +79,10 @@ def guaranteed_min(solver: Any, graph: Graph) -> int | None:
     return None
 
 
-def flat_candidate(name: str, params: dict, graph: Graph, budget: int
-                   ) -> tuple[Candidate | None, int | None, str]:
-    """Run one flat solver: a candidate (or None), a budget it is known to meet, an error."""
+def flat_candidate(name: str, params: dict, graph: Graph, budget: int,
+                   hints: Sequence[Schedule] = ()) -> tuple[Candidate | None, int | None, str]:
+    """Run one flat solver: a candidate (or None), a budget it is known to meet, an error.
+    ``hints``: schedules that warm-start an H-ILP (other solvers ignore them)."""
     from hiremate.registry import make_solver
 
     solver = make_solver(name, params)
@@ -93,7 +95,7 @@ def flat_candidate(name: str, params: dict, graph: Graph, budget: int
         from hiremate.solvers.hilp.flat import HilpSolver
 
         if isinstance(solver, HilpSolver):  # its status says whether it proved optimality
-            res = solver.solve(graph, budget)
+            res = solver.solve(graph, budget, hints=hints)
             sched, optimal = tuple(res.schedule), res.status == "optimal"
         else:
             sched = tuple(solver.schedule(graph, budget))
@@ -164,6 +166,8 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
         _hierarchical_path(graph, budget, cfg, cache, found, report)
         if cfg.sequence_top and cfg.partitioner != "sequence":
             _sequence_path(graph, budget, cfg, cache, found, report)
+        if flat_used and cfg.flat_rewarm:
+            _rewarm_flat(graph, budget, cfg, found, report)
     else:  # the report describes the partition even when the flat path alone decided
         _partition(graph, cfg, report)
     report["flat_path"] = flat_used
@@ -221,6 +225,30 @@ def _flat_path(graph: Graph, budget: int, cfg: Any, found: _Paths) -> None:
             found.mins[f"flat:{name}"] = low
         if err:
             found.errors[f"flat:{name}"] = err
+
+
+def _rewarm_flat(graph: Graph, budget: int, cfg: Any, found: _Paths,
+                 report: dict[str, Any], hints: int = 3) -> None:
+    """The flat H-ILP once more, warm-started from the ``hints`` fastest schedules of the other
+    paths, when they beat its own and it proved nothing: within its work limit a MILP seldom
+    leaves its warm start's neighbourhood, and TW-Remat's, its own, can be far from the best
+    (the FNOs: docs/results.md). Its schedule joins the candidates as ``hilp:rewarm``."""
+    own = [c for c in found.candidates if c.source == "hilp"]
+    if "hilp" not in cfg.flat or not own or own[0].detail.get("optimal"):
+        return
+    others = sorted((c for c in found.candidates if c.source not in cfg.flat),
+                    key=lambda c: (c.sim.time, c.sim.peak, c.source))
+    better = [c.schedule for c in others if c.sim.time < own[0].sim.time][:hints]
+    if not better:
+        return
+    t0 = time.perf_counter()
+    cand, _, err = flat_candidate("hilp", cfg.solver_params.get("hilp", {}), graph, budget,
+                                  hints=better)
+    report["flat_rewarm"] = {"seconds": round(time.perf_counter() - t0, 3),
+                             "time": cand.sim.time if cand is not None else None,
+                             "error": err or None}
+    if cand is not None:
+        found.candidates.append(Candidate(cand.schedule, cand.sim, "hilp:rewarm", cand.detail))
 
 
 def _partition(graph: Graph, cfg: Any, report: dict[str, Any]) -> Any:
