@@ -106,3 +106,48 @@ def test_polish_key_is_checked():
         load_config("hiremate", polish_from=0)
     with pytest.raises(ConfigError):
         make_solver("fastsa", {"polish_temps": [0.0]})
+
+
+def test_flat_rewarm_starts_the_flat_hilp_from_the_hierarchys_schedule(monkeypatch):
+    """``flat_rewarm``: a flat H-ILP that proved nothing runs again warm-started from the faster
+    schedules of the other paths, so it is never slower than the best of them; it does not run
+    when its own schedule was proven optimal or nothing beats it."""
+    from hiremate.composer.solve import Candidate, _Paths, _rewarm_flat
+    from hiremate.solvers.hilp.flat import phases_to_schedule, recompute_phases
+
+    graph = random_graph(3, 12)
+    autodiff = hiremate.autodiff_schedule(graph)
+    budget = hiremate.simulate(graph, autodiff).peak
+    slow = phases_to_schedule(graph, recompute_phases(graph))
+    assert load_config("hiremate").flat_rewarm
+    # one branch-and-bound node: only the warm start can make the MILP's schedule this fast
+    cfg = load_config("hiremate", solver_params={"hilp": {"work_limit": 1, "max_nodes": 90}})
+
+    def paths(own_optimal: bool, other) -> _Paths:
+        found = _Paths()
+        found.candidates.append(Candidate(slow, hiremate.simulate(graph, slow), "hilp",
+                                          {"optimal": own_optimal}))
+        found.candidates.append(Candidate(other, hiremate.simulate(graph, other), "hilp-top"))
+        return found
+
+    import hiremate.composer.solve as composer_solve
+
+    given_hints = []
+    real = composer_solve.flat_candidate
+
+    def spy(name, params, graph, budget, hints=()):
+        given_hints.append(list(hints))
+        return real(name, params, graph, budget, hints=hints)
+
+    monkeypatch.setattr(composer_solve, "flat_candidate", spy)
+    found, report = paths(False, autodiff), {}
+    _rewarm_flat(graph, budget, cfg, found, report)
+    assert given_hints == [[autodiff]]  # the faster schedule, and only it
+    rewarmed = [c for c in found.candidates if c.source == "hilp:rewarm"]
+    assert len(rewarmed) == 1 and "flat_rewarm" in report
+    assert rewarmed[0].sim.valid and rewarmed[0].sim.peak <= budget
+    assert rewarmed[0].sim.time <= hiremate.simulate(graph, autodiff).time * (1 + 1e-9)
+    for found in (paths(True, autodiff), paths(False, slow)):  # proven, or nothing better
+        report = {}
+        _rewarm_flat(graph, budget, cfg, found, report)
+        assert not report and all(c.source != "hilp:rewarm" for c in found.candidates)
