@@ -30,11 +30,12 @@ proportion to their forward nodes, ``n_options`` at most each.
 
 The hierarchical path (bottom + top) runs too unless a flat H-ILP proved its schedule optimal
 or the best flat schedule is predicted within ``hierarchical_above`` times autodiff's time (a
-time-limited flat MILP often keeps a poor incumbent that the hierarchy beats); all candidates are simulated and the fastest
-one within the budget is kept. With ``flat_rewarm``, a flat H-ILP that proved nothing and that
-the hierarchy's schedules beat runs once more, warm-started from them: within the same work
-limit, the search then starts from the better schedule instead of TW-Remat's. With ``reuse_schedules`` (and the cache on), the schedules that
-earlier solves of the same graph and configuration found at other budgets are candidates too
+time-limited flat MILP often keeps a poor incumbent that the hierarchy beats); all candidates
+are simulated and the fastest one within the budget is kept. With ``flat_rewarm``, a flat H-ILP
+that proved nothing and that the hierarchy's schedules beat runs once more, warm-started from
+them: within the same work limit, the search then starts from the better schedule instead of
+TW-Remat's. With ``reuse_schedules`` (and the cache on), the schedules that earlier solves of
+the same graph and configuration found at other budgets are candidates too
 (:mod:`hiremate.composer.pool`): a solve never returns something slower than a schedule already
 known to fit.
 
