@@ -42,24 +42,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import hiremate  # noqa: E402
 from hiremate import zoo  # noqa: E402
+from paper_common import moved  # noqa: E402
 
 HF_MODELS = {"hf-gpt2": "gpt2", "hf-llama": "llama", "hf-bert": "bert_mlm"}
 BUSY = "import time\nend = time.time() + 600\nwhile time.time() < end:\n    pass\n"
 
 
 DEVICE = torch.device("cpu")
-
-
-def _moved(value: Any, device: torch.device) -> Any:
-    """``value`` with every tensor in it (nested tuples, lists, dicts) on ``device``."""
-    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, value)
 
 
 def build_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
@@ -72,7 +68,7 @@ def build_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
     else:
         model, sample = zoo.get(name)
         loss_fn = zoo.output_loss
-    return model.to(DEVICE), _moved(sample, DEVICE), loss_fn
+    return model.to(DEVICE), moved(sample, DEVICE), loss_fn
 
 
 def _call(sample: Any) -> tuple[tuple, dict]:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 import yaml
+from torch.utils import _pytree as pytree
 
 import hiremate
 from hiremate import zoo
@@ -96,6 +97,12 @@ def add_common_arguments(parser: Any, set_help: str) -> None:
 
 
 # -- graphs ---------------------------------------------------------------------------------------
+def moved(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it (nested tuples, lists, dicts) on ``device``."""
+    return pytree.tree_map(
+        lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, value)
+
+
 def graph_of(key: str, make: Callable[[], tuple[torch.nn.Module, Any]], cost: str,
              cache: Path | None = None) -> tuple[Graph, float]:
     """The graph of ``make()``'s model and sample with cost model ``cost`` and the seconds its

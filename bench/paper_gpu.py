@@ -50,7 +50,7 @@ from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paper_common import PAPER_TABLE3C, make_config  # noqa: E402
+from paper_common import PAPER_TABLE3C, make_config, moved  # noqa: E402
 
 log = logging.getLogger("bench.paper_gpu")
 
@@ -75,9 +75,7 @@ def build(name: str, scale: dict[str, tuple[int, int]], device: torch.device
     m = zoo.paper_model(name)
     width, batch = scale[name]
     model, sample = zoo.get(m.zoo_name, layers=m.layers, width=width, batch=batch)
-    moved = torch.utils._pytree.tree_map(
-        lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, sample)
-    return model.to(device), moved
+    return model.to(device), moved(sample, device)
 
 
 def _sync(device: torch.device) -> None:
@@ -152,10 +150,16 @@ def _config(args: argparse.Namespace):
                        calibrate=0, n_jobs=args.n_jobs, progress=False)
 
 
-def solve(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def _saved(name: str, args: argparse.Namespace) -> tuple[Graph, Any, int]:
+    """The graph ``capture`` saved, its autodiff simulation and the budget (``--budget`` times
+    its autodiff peak)."""
     graph = Graph.load(_graph_path(args.out, name))
     ad = simulate(graph, autodiff_schedule(graph))
-    budget = int(args.budget * ad.peak)
+    return graph, ad, int(args.budget * ad.peak)
+
+
+def solve(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    graph, ad, budget = _saved(name, args)
     start = time.perf_counter()
     result = hiremate.solve_graph(graph, budget, _config(args),
                                   loss_bytes=2 * int(graph.tangent_bytes))
@@ -171,9 +175,7 @@ def solve(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def execute(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     from hiremate.api import HRockmate
 
-    graph = Graph.load(_graph_path(args.out, name))
-    ad = simulate(graph, autodiff_schedule(graph))
-    budget = int(args.budget * ad.peak)
+    graph, _, budget = _saved(name, args)
     model, sample = build(name, args.scale, device)
     start = time.perf_counter()
     remat = HRockmate.from_graph(model, graph, budget, config=_config(args), sample=sample)

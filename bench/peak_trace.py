@@ -4,7 +4,7 @@ For each zoo model (default sizes, float32) on ``--device``: the graph captured 
 and saved (``OUT/NAME.graph``), the whole-step peak the simulator predicts for the autodiff
 schedule (:func:`hiremate.ir.simulator.step_peak`, the loss's measured bytes added), eager's
 measured whole-step peak, and eager's allocator trace on CUDA (every allocation and completed
-free with its size and innermost Python frames) in ``OUT/NAME-trace.json``, to be matched
+free with its address and size) in ``OUT/NAME-trace.json``, to be matched
 against the graph's nodes offline. One JSON line per model in ``OUT/peaks.jsonl``.
 
 Run::
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,36 +27,30 @@ import torch
 
 import hiremate
 from hiremate import zoo
+from hiremate.cuda_trace import device_trace, events_from_cuda_trace, record_cuda_history
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
 from hiremate.runtime.measurement import loss_memory
 
-
-def _frames(entry: dict[str, Any], keep: int = 6) -> list[str]:
-    return [f"{Path(f.get('filename', '?')).name}:{f.get('line')}:{f.get('name')}"
-            for f in entry.get("frames", [])[:keep]]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paper_common import moved  # noqa: E402
 
 
-def eager_trace(model: torch.nn.Module, sample: Any, device: torch.device) -> list[list[Any]]:
+def eager_trace(model: torch.nn.Module, sample: Any, device: torch.device) -> list[list[int]]:
     """Eager's step (forward, ``zoo.output_loss``, backward), parameter gradients cleared first:
-    ``[action, address, bytes, frames]`` per allocation and completed free."""
-    from torch.cuda import memory as cuda_memory
-
+    ``[address, bytes]`` per allocation (bytes < 0: a completed free), in order."""
     args, kwargs = zoo.split_sample(sample)
     zoo.output_loss(model(*args, **kwargs)).backward()  # warm-up: cuBLAS handles, workspaces
     for p in model.parameters():
         p.grad = None
     torch.cuda.synchronize(device)
-    cuda_memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                       device=device, clear_history=True)
+    record_cuda_history(device, True)
     try:
         zoo.output_loss(model(*args, **kwargs)).backward()
         torch.cuda.synchronize(device)
-        snapshot = cuda_memory._snapshot(device)
+        trace = device_trace(device)
     finally:
-        cuda_memory._record_memory_history(enabled=None, device=device)
-    return [[e["action"], int(e.get("addr", 0)), int(e.get("size", 0)), _frames(e)]
-            for e in snapshot["device_traces"][device.index]
-            if e.get("action") in ("alloc", "free_completed")]
+        record_cuda_history(device, False)
+    return [list(event) for event in events_from_cuda_trace(trace)]
 
 
 def main() -> None:
@@ -73,8 +68,7 @@ def main() -> None:
     for name in args.models:
         model, sample = zoo.get(name)
         model = model.to(device)
-        sample = torch.utils._pytree.tree_map(
-            lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, sample)
+        sample = moved(sample, device)
         graph = hiremate.build_graph(model, sample, cost_model=args.cost)
         graph.save(args.out / f"{name}.graph")
         call_args, kwargs = zoo.split_sample(sample)

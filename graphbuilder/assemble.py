@@ -106,10 +106,8 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
             owner[fake.name] = fake.name
             home[fake.name] = g
             grad_values[i] = fake.name
-            source = costs.get(name, OpCost(0.0, 0, 0.0))
-            costs[fake.name] = OpCost(source.time, 0,
-                                      float(fake.meta["val"].numel())
-                                      if fake.meta["val"] is not None else 0.0, source.in_situ)
+            costs[fake.name] = OpCost(costs.get(name, OpCost(0.0, 0, 0.0)).time, 0,
+                                      float(fake.meta["val"].numel()) if fake.meta["val"] is not None else 0.0)
 
     if copies_after:
         tail = groups[len(grp.fwd) + len(grp.bwd):]

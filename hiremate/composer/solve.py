@@ -233,8 +233,8 @@ def _rewarm_flat(graph: Graph, budget: int, cfg: Any, found: _Paths,
     paths, when they beat its own and it proved nothing: within its work limit a MILP seldom
     leaves its warm start's neighbourhood, and TW-Remat's, its own, can be far from the best
     (the FNOs: docs/results.md). Its schedule joins the candidates as ``hilp:rewarm``."""
-    own = [c for c in found.candidates if c.source == "hilp"]
-    if "hilp" not in cfg.flat or not own or own[0].detail.get("optimal"):
+    own = [c for c in found.candidates if c.source == "hilp"]  # none unless hilp is in flat
+    if not own or own[0].detail.get("optimal"):
         return
     others = sorted((c for c in found.candidates if c.source not in cfg.flat),
                     key=lambda c: (c.sim.time, c.sim.peak, c.source))
