@@ -34,7 +34,11 @@ time-limited flat MILP often keeps a poor incumbent that the hierarchy beats); a
 are simulated and the fastest one within the budget is kept. With ``flat_rewarm``, a flat H-ILP
 that proved nothing and that the hierarchy's schedules beat runs once more, warm-started from
 them: within the same work limit, the search then starts from the better schedule instead of
-TW-Remat's. With ``reuse_schedules`` (and the cache on), the schedules that earlier solves of
+TW-Remat's. When the hierarchy's top level finds no schedule within the budget, the graph is
+partitioned again with a top at most half as large (the partitioner's ``coarser``), up to
+``coarser_tops`` times: the top level's parts then hold more of the graph, solved below by the
+middle composers, which see the values between them that a fine top holds across its parts.
+With ``reuse_schedules`` (and the cache on), the schedules that earlier solves of
 the same graph and configuration found at other budgets are candidates too
 (:mod:`hiremate.composer.pool`): a solve never returns something slower than a schedule already
 known to fit.
@@ -85,6 +89,7 @@ class Config:
     flat_max_nodes: int = 250
     hierarchical_above: float = 1.0  # skip the hierarchy when a flat schedule is this fast
     flat_rewarm: bool = False    # flat H-ILP again, warm-started from the hierarchy's schedules
+    coarser_tops: int = 2        # partitions with a smaller top tried when the top finds nothing
     solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_options: int = 8           # options kept per block at most
     total_options: int | None = None  # N_o: options of one problem's blocks (None: n_options each)
@@ -136,6 +141,10 @@ class Config:
             if not callable(getattr(solver_class(name), "polish", None)):
                 raise ConfigError(f"solver {name!r} cannot polish a schedule (no polish method); "
                                   "polish takes e.g. fastsa")
+        if (isinstance(self.coarser_tops, bool) or not isinstance(self.coarser_tops, int)
+                or self.coarser_tops < 0):
+            raise ConfigError(f"coarser_tops must be an integer >= 0 (coarser partitions tried "
+                              f"when the top level finds nothing), got {self.coarser_tops!r}")
         for key in ("n_options", "menu_peaks", "menu_saves", "polish_from"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")

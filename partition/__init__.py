@@ -29,6 +29,9 @@ class Partitioner(Protocol):
 
     def partition(self, graph: Graph) -> Hierarchy: ...
 
+    # optional: ``coarser(top_size) -> Partitioner | None``, the same partitioner with a top
+    # at most half of ``top_size`` parts, tried when a top level finds nothing (HPartition)
+
 
 PARTITIONERS: dict[str, type] = {
     "hpartition": HPartition,

@@ -502,6 +502,17 @@ class HPartition:
         return (f"HPartition(max_top={self.max_top}, max_sub={self.max_sub}, "
                 f"alpha={self.alpha}{extra})")
 
+    def coarser(self, top_size: int) -> "HPartition | None":
+        """The same partitioner with a top graph of at most half of ``top_size`` nodes (the top
+        a partition of this one had), or None below 2. The composer asks for it when the top
+        level of this partition finds no schedule within the budget: a smaller top puts more
+        of the graph inside subgraphs, whose composers account for the values that run between
+        their children, where a fine top must hold them across its parts."""
+        smaller = min(self.max_top, top_size) // 2
+        if smaller < 2:
+            return None
+        return HPartition(smaller, self.max_sub, self.alpha, self.prologue, self.const_fraction)
+
     def levels(self, dag: ForwardDag) -> list[list[tuple[int, ...]]]:
         """The blocks of every level (see :func:`hpartition_levels`)."""
         if self.prologue:

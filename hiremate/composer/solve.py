@@ -251,11 +251,13 @@ def _rewarm_flat(graph: Graph, budget: int, cfg: Any, found: _Paths,
         found.candidates.append(Candidate(cand.schedule, cand.sim, "hilp:rewarm", cand.detail))
 
 
-def _partition(graph: Graph, cfg: Any, report: dict[str, Any]) -> Any:
+def _partition(graph: Graph, cfg: Any, report: dict[str, Any], partitioner: Any = None) -> Any:
     from hiremate.registry import make_partitioner
 
     t0 = time.perf_counter()
-    hierarchy = make_partitioner(cfg.partitioner, cfg.partitioner_params).partition(graph)
+    if partitioner is None:
+        partitioner = make_partitioner(cfg.partitioner, cfg.partitioner_params)
+    hierarchy = partitioner.partition(graph)
     report["partition_time"] = time.perf_counter() - t0
     report["hierarchy"] = hierarchy.summary()
     return hierarchy
@@ -264,10 +266,36 @@ def _partition(graph: Graph, cfg: Any, report: dict[str, Any]) -> Any:
 def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths,
                        report: dict[str, Any]) -> None:
     """Every level of the partition solved bottom-up, then every top-level composer over the
-    top level's blocks."""
-    hierarchy = _partition(graph, cfg, report)
-    facts = _compose(graph, budget, cfg, cache, found, hierarchy, bool(cfg.middle), cfg.top, "")
-    report.update(facts)
+    top level's blocks. When no composer finds a schedule within the budget, the partition is
+    made again with a smaller top (the partitioner's ``coarser``), up to ``cfg.coarser_tops``
+    times; those candidates are named ``coarse<k>:<composer>``, and the report's
+    ``coarser_tops`` lists each try."""
+    from hiremate.registry import make_partitioner
+
+    partitioner = make_partitioner(cfg.partitioner, cfg.partitioner_params)
+    hierarchy = _partition(graph, cfg, report, partitioner)
+    before = len(found.candidates)
+    report.update(_compose(graph, budget, cfg, cache, found, hierarchy, bool(cfg.middle),
+                           cfg.top, ""))
+    tries: list[dict[str, Any]] = []
+    for k in range(1, cfg.coarser_tops + 1):
+        if len(found.candidates) > before or not hasattr(partitioner, "coarser"):
+            break
+        top_size = len(hierarchy.top)
+        partitioner = partitioner.coarser(top_size)
+        if partitioner is None:
+            break
+        facts: dict[str, Any] = {}
+        hierarchy = _partition(graph, cfg, facts, partitioner)
+        if len(hierarchy.top) >= top_size:  # no smaller top to be had
+            break
+        t0 = time.perf_counter()
+        _compose(graph, budget, cfg, cache, found, hierarchy, bool(cfg.middle), cfg.top,
+                 f"coarse{k}:")
+        tries.append({**facts["hierarchy"], "seconds": round(time.perf_counter() - t0, 3),
+                      "candidates": len(found.candidates) - before})
+    if tries:
+        report["coarser_tops"] = tries
 
 
 def _sequence_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths,
