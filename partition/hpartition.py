@@ -506,8 +506,8 @@ class HPartition:
         """The same partitioner with a top graph of at most half of ``top_size`` nodes (the top
         a partition of this one had), or None below 2. The composer asks for it when the top
         level of this partition finds no schedule within the budget: a smaller top puts more
-        of the graph inside subgraphs, whose composers account for the values that run between
-        their children, where a fine top must hold them across its parts."""
+        of the graph inside subgraphs, for the composers below it to schedule, where the
+        options of a fine top's parts may not combine within the budget."""
         smaller = min(self.max_top, top_size) // 2
         if smaller < 2:
             return None
