@@ -96,6 +96,24 @@ def add_common_arguments(parser: Any, set_help: str) -> None:
     parser.add_argument("--json", action="store_true")
 
 
+#: The packages whose versions decide a solve's result (the MILP solvers, FastSA's compiler
+#: and the numerics under them): a figure reproduces to the digit only with the same ones.
+RESULT_PACKAGES = ("torch", "numpy", "scipy", "numba", "highspy", "ortools", "networkx")
+
+
+def installed_versions() -> dict[str, str]:
+    """The installed versions of :data:`RESULT_PACKAGES` ("-" for one that is missing)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in RESULT_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "-"
+    return out
+
+
 # -- graphs ---------------------------------------------------------------------------------------
 def moved(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor in it (nested tuples, lists, dicts) on ``device``."""

@@ -31,7 +31,9 @@ Run::
 
 ``--config`` takes a preset name or a YAML file; ``--set key=value`` (repeatable, dotted keys
 into mappings: ``solver_params.hilp-top.time_limit=60``) overrides it. Prints a Markdown table
-(``--json``: one JSON object per line instead). Results with their commands: docs/results.md.
+(``--json``: one JSON object per line instead, each with the ``versions`` of the packages that
+decide a result, :data:`paper_common.RESULT_PACKAGES`). Results with their commands:
+docs/results.md.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ from hiremate.ir.graph import Graph
 from hiremate.zoo.paper import PaperModel
 
 from paper_common import (
-    PAPER_TABLE3C, log, add_common_arguments, execute, fmt, gap, graph_of, lower_bound, make_config,
-    solve_own_problem,
+    PAPER_TABLE3C, log, add_common_arguments, execute, fmt, gap, graph_of, installed_versions,
+    lower_bound, make_config, solve_own_problem,
 )
 
 HEADER = ("model", "compute nodes", "H-Partition d/s/u/l", "paper 3(b)", "path", "solver",
@@ -163,16 +165,18 @@ def main() -> None:
     torch.set_num_threads(1)
     make_config(args.config, args.set)  # a bad override fails before any build
     chosen = [zoo.paper_model(n) for n in args.models] or list(zoo.paper_models().values())
+    versions = installed_versions()
     if not args.json:
         problem = "whole step" if args.execute or args.whole_step else "graph's own problem"
         print(f"budget {args.budget:g} x autodiff peak ({problem}), cost {args.cost}, "
               f"config {args.config}"
               + "".join(f", {s}" for s in args.set))
+        print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
         print()
         print("| " + " | ".join(HEADER) + " |")
         print("|" + "---|" * len(HEADER))
     for m in chosen:
-        emit(row(m, args), args.json)
+        emit({**row(m, args), "versions": versions} if args.json else row(m, args), args.json)
 
 
 if __name__ == "__main__":
