@@ -78,6 +78,27 @@ def test_no_coarser_top_when_the_top_finds_a_schedule_or_when_off(monkeypatch):
         _solve_with_failing_top(monkeypatch, graph, budget, {""}, coarser_tops=0)
 
 
+def test_no_coarser_top_below_the_memory_floor(monkeypatch):
+    """Below the memory floor no in-order schedule fits, so a coarser top is not tried (an
+    infeasible budget's error comes as fast as before)."""
+    from hiremate.ir.tracker import memory_floor
+
+    graph, _ = _graph_and_budget()
+    calls = []
+    real = REAL_COMPOSE
+
+    def spy(*args):
+        calls.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(composer_solve, "_compose", spy)
+    cfg = load_config("hiremate", flat=[], sequence_top=[], polish=[], n_jobs=1,
+                      partitioner_params={"max_top": 8, "max_sub": 4})
+    with pytest.raises(hiremate.InfeasibleBudgetError):
+        composer_solve.solve(graph, memory_floor(graph) - 1, cfg, CallCache())
+    assert calls == [""]
+
+
 def test_hpartition_coarser_halves_the_top_it_had():
     part = HPartition(max_top=8, max_sub=4, alpha=0.3)
     smaller = part.coarser(8)

@@ -266,10 +266,11 @@ def _partition(graph: Graph, cfg: Any, report: dict[str, Any], partitioner: Any 
 def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths,
                        report: dict[str, Any]) -> None:
     """Every level of the partition solved bottom-up, then every top-level composer over the
-    top level's blocks. When no composer finds a schedule within the budget, the partition is
-    made again with a smaller top (the partitioner's ``coarser``), up to ``cfg.coarser_tops``
-    times; those candidates are named ``coarse<k>:<composer>``, and the report's
-    ``coarser_tops`` lists each try."""
+    top level's blocks. When no composer finds a schedule within the budget and the budget is
+    not below the graph's memory floor, the partition is made again with a smaller top (the
+    partitioner's ``coarser``), up to ``cfg.coarser_tops`` times; those candidates are named
+    ``coarse<k>:<composer>``, and the report's ``coarser_tops`` lists each try."""
+    from hiremate.ir.tracker import memory_floor
     from hiremate.registry import make_partitioner
 
     partitioner = make_partitioner(cfg.partitioner, cfg.partitioner_params)
@@ -278,7 +279,9 @@ def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _
     report.update(_compose(graph, budget, cfg, cache, found, hierarchy, bool(cfg.middle),
                            cfg.top, ""))
     tries: list[dict[str, Any]] = []
-    for k in range(1, cfg.coarser_tops + 1):
+    # below the memory floor no schedule that runs the nodes in order fits: no top would help
+    retry = cfg.coarser_tops if budget >= memory_floor(graph) else 0
+    for k in range(1, retry + 1):
         if len(found.candidates) > before or not hasattr(partitioner, "coarser"):
             break
         top_size = len(hierarchy.top)
