@@ -34,8 +34,8 @@ time-limited flat MILP often keeps a poor incumbent that the hierarchy beats); a
 are simulated and the fastest one within the budget is kept. With ``flat_rewarm``, a flat H-ILP
 that proved nothing and that the hierarchy's schedules beat runs once more, warm-started from
 them: within the same work limit, the search then starts from the better schedule instead of
-TW-Remat's. When the hierarchy's top level finds no schedule within the budget, the graph is
-partitioned again with a top at most half as large (the partitioner's ``coarser``), up to
+TW-Remat's. When the hierarchy's top level finds no schedule within the budget (and the budget
+is not below the graph's memory floor, where none could), the graph is partitioned again with a top at most half as large (the partitioner's ``coarser``), up to
 ``coarser_tops`` times: the top level's parts then hold more of the graph, for the middle
 composers to schedule inside them, where the options of a fine top's parts may not combine
 within the budget.
