@@ -35,12 +35,12 @@ are simulated and the fastest one within the budget is kept. With ``flat_rewarm`
 that proved nothing and that the hierarchy's schedules beat runs once more, warm-started from
 them: within the same work limit, the search then starts from the better schedule instead of
 TW-Remat's. When the hierarchy's top level finds no schedule within the budget (and the budget
-is not below the graph's memory floor, where none could), the graph is partitioned again with a top at most half as large (the partitioner's ``coarser``), up to
-``coarser_tops`` times: the top level's parts then hold more of the graph, for the middle
-composers to schedule inside them, where the options of a fine top's parts may not combine
-within the budget.
-With ``reuse_schedules`` (and the cache on), the schedules that earlier solves of
-the same graph and configuration found at other budgets are candidates too
+is not below the graph's memory floor, where none could), the graph is partitioned again with a
+top at most half as large (the partitioner's ``coarser``), up to ``coarser_tops`` times: the
+top level's parts then hold more of the graph, for the middle composers to schedule inside
+them, where the options of a fine top's parts may not combine within the budget. With
+``reuse_schedules`` (and the cache on), the schedules that earlier solves of the same graph and
+configuration found at other budgets are candidates too
 (:mod:`hiremate.composer.pool`): a solve never returns something slower than a schedule already
 known to fit.
 

@@ -1,9 +1,10 @@
 """A hierarchy whose top level finds nothing within the budget is partitioned again with a
 smaller top (``coarser_tops``, :func:`hiremate.composer.solve._hierarchical_path`).
 
-Why it exists: on some graphs (the FNO3d of the paper's Table 3) the top level's parts are cut
-where large values run between them, and no choice of the parts' options fits the budget;
-halving the top puts those cuts inside subgraphs, whose composers schedule across them."""
+Why it exists: on the FNO3d of the paper's Table 3 (captured with two threads) the top of 8
+parts cuts each Fourier layer into its two branches, and no choice of the parts' options fits
+the budget; a top of 4 keeps whole layers in one part, whose inner H-ILP chooses across the
+branches (docs/results.md, "Stop 39")."""
 
 from __future__ import annotations
 
