@@ -4,6 +4,7 @@ all-reduced gradients equal those of the original model under DDP."""
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import socket
 import sys
@@ -45,6 +46,11 @@ def _worker(rank: int, world: int, port: int, graph_text: str, out_dir: str) -> 
                  for p, q in zip(model.parameters(), ref.parameters())]
         torch.save({"diffs": diffs, "grads": [p.grad for p in model.parameters()]},
                    os.path.join(out_dir, f"rank{rank}.pt"))
+        # DDP's reducers go before the process group: left to the interpreter's exit, one of
+        # them sometimes aborts the process ("terminate called without an active exception",
+        # SIGABRT) after the work is done
+        del remat, eager, m
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
