@@ -28,11 +28,13 @@ def _graph_and_budget():
     return graph, int(0.85 * ad.peak)
 
 
-def _solve_with_failing_top(monkeypatch, graph, budget, fail_prefixes, **overrides):
+def _solve_with_failing_top(monkeypatch, graph, budget, fail_prefixes, calls=None,
+                            **overrides):
     """Solve with the real composers, except that the candidates of the top levels whose
     prefix is in ``fail_prefixes`` are dropped, as if they had found nothing; returns the
-    result and the (prefix, top size) of every top level composed."""
-    calls = []
+    result and the (prefix, top size) of every top level composed (also appended to
+    ``calls``, which a caller expecting an error passes)."""
+    calls = [] if calls is None else calls
     real = REAL_COMPOSE
 
     def spy(graph, budget, cfg, cache, found, hierarchy, recursive, top, prefix):
@@ -86,18 +88,9 @@ def test_no_coarser_top_below_the_memory_floor(monkeypatch):
 
     graph, _ = _graph_and_budget()
     calls = []
-    real = REAL_COMPOSE
-
-    def spy(*args):
-        calls.append(args[-1])
-        return real(*args)
-
-    monkeypatch.setattr(composer_solve, "_compose", spy)
-    cfg = load_config("hiremate", flat=[], sequence_top=[], polish=[], n_jobs=1,
-                      partitioner_params={"max_top": 8, "max_sub": 4})
     with pytest.raises(hiremate.InfeasibleBudgetError):
-        composer_solve.solve(graph, memory_floor(graph) - 1, cfg, CallCache())
-    assert calls == [""]
+        _solve_with_failing_top(monkeypatch, graph, memory_floor(graph) - 1, {""}, calls)
+    assert [p for p, _ in calls] == [""]
 
 
 def test_hpartition_coarser_halves_the_top_it_had():

@@ -282,10 +282,9 @@ def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _
     # below the memory floor no schedule that runs the nodes in order fits: no top would help
     retry = cfg.coarser_tops if budget >= memory_floor(graph) else 0
     for k in range(1, retry + 1):
-        if len(found.candidates) > before or not hasattr(partitioner, "coarser"):
-            break
+        coarser = getattr(partitioner, "coarser", None)  # optional in the protocol
         top_size = len(hierarchy.top)
-        partitioner = partitioner.coarser(top_size)
+        partitioner = coarser(top_size) if coarser and len(found.candidates) == before else None
         if partitioner is None:
             break
         facts: dict[str, Any] = {}
