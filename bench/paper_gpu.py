@@ -231,7 +231,7 @@ def main() -> None:
     parser.add_argument("--config", default="hiremate")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--scale", action="append", default=[], metavar="NAME=WIDTH,BATCH")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # models may follow the options
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     args.scale = _scale(args.scale)
     args.out.mkdir(parents=True, exist_ok=True)

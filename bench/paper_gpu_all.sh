@@ -6,7 +6,8 @@
 # see a quiet machine.
 #   bash bench/paper_gpu_all.sh OUTDIR MODEL...      (e.g. fno1d fno3d)
 # Writes OUTDIR/capture.jsonl and the graphs, OUTDIR/b<budget>/{solve,execute}.jsonl and
-# OUTDIR/pytest.log. Results: docs/results.md.
+# OUTDIR/pytest.log. Each solve may take minutes when they share the machine (docs/results.md,
+# "Stop 40"). Results: docs/results.md.
 set -u
 out=${1:?usage: bench/paper_gpu_all.sh OUTDIR MODEL...}
 shift
@@ -15,7 +16,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
 python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" >> "$out/gpu.txt"
 echo "== capture"
-timeout 150 python3 bench/paper_gpu.py capture --out "$out" "$@" > /dev/null 2> "$out/capture.err"
+timeout 150 python3 bench/paper_gpu.py capture "$@" --out "$out" > /dev/null 2> "$out/capture.err"
 echo "capture rc=$?"
 (timeout 200 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_cuda.py \
     tests/test_measurement.py > "$out/pytest.log" 2>&1; echo "pytest rc=$?" >> "$out/pytest.log") &
@@ -25,8 +26,8 @@ for model in "$@"; do
         dir="$out/b$budget"
         mkdir -p "$dir"
         cp "$out/$model.graph" "$dir/" 2>/dev/null || continue
-        timeout 240 python3 bench/paper_gpu.py solve --out "$dir" --budget "$budget" \
-            --n-jobs 4 "$model" > /dev/null 2> "$dir/$model.solve.err" &
+        timeout 400 python3 bench/paper_gpu.py solve "$model" --out "$dir" --budget "$budget" \
+            --n-jobs 4 > /dev/null 2> "$dir/$model.solve.err" &
     done
 done
 wait
@@ -43,8 +44,8 @@ rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exis
 sys.exit(0 if any(r["model"] == sys.argv[2] and "error" not in r for r in rows) else 1)
 PY
         then
-            timeout 90 python3 bench/paper_gpu.py execute --out "$dir" --budget "$budget" \
-                "$model" > /dev/null 2> "$dir/$model.execute.err"
+            timeout 90 python3 bench/paper_gpu.py execute "$model" --out "$dir" --budget "$budget" \
+                > /dev/null 2> "$dir/$model.execute.err"
             echo "execute $model $budget rc=$?"
         fi
     done
