@@ -73,8 +73,11 @@ def test_paper_gpu_phases_round_trip_through_the_cache(tmp_path):
               "--set", "polish=[]"]
     for phase, extra in (("capture", ["--cost", "flops", "--rounds", "1"]), ("solve", []),
                          ("execute", ["--rounds", "1"])):
-        subprocess.run([sys.executable, str(script), phase, "unet", *common, *extra],
-                       check=True, capture_output=True, timeout=600)
+        # the model's name before the options, and after them (as bench/paper_gpu_all.sh has it)
+        args = [phase, "unet", *common, *extra] if phase != "execute" else [
+            phase, *common, *extra, "unet"]
+        subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True,
+                       timeout=600)
     rows = {name: json.loads((tmp_path / f"{name}.jsonl").read_text().splitlines()[-1])
             for name in ("capture", "solve", "execute")}
     assert all("error" not in row for row in rows.values()), rows
