@@ -28,6 +28,7 @@ Run::
     python bench/paper_gpu.py capture --out /tmp/pg                  # on the GPU
     python bench/paper_gpu.py solve --out /tmp/pg --n-jobs 2         # here
     python bench/paper_gpu.py execute --out /tmp/pg                  # on the GPU again
+    bash bench/paper_gpu_all.sh /tmp/pg fno1d fno3d   # all three on the GPU machine, one lease
 
 ``--scale NAME=WIDTH,BATCH`` overrides :data:`GPU_SCALE` (repeatable). Results: docs/results.md.
 """

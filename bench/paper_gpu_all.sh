@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The paper models of bench/paper_gpu.py captured, solved and executed in one GPU lease: the
 # solves run on the GPU machine's own cores, one process per model and budget (0.5 and 0.55 of
-# the graph's autodiff peak: a whole step can have no schedule at 0.5, FNO3d's at stop 38),
-# while the CUDA tests run beside them; the executions run after, alone, so that their timings
-# see a quiet machine.
+# the graph's autodiff peak: a whole step can have no schedule at 0.5, as FNO3d's has none,
+# docs/results.md), while the CUDA tests run beside them; the executions run after, alone, so
+# that their timings see a quiet machine.
 #   bash bench/paper_gpu_all.sh OUTDIR MODEL...      (e.g. fno1d fno3d)
 # Writes OUTDIR/capture.jsonl and the graphs, OUTDIR/b<budget>/{solve,execute}.jsonl and
-# OUTDIR/pytest.log. Each solve may take minutes when they share the machine (docs/results.md,
-# "Stop 40"). Results: docs/results.md.
+# OUTDIR/pytest.log. Each solve may take minutes when they share the machine. Results:
+# docs/results.md.
 set -u
 out=${1:?usage: bench/paper_gpu_all.sh OUTDIR MODEL...}
 shift
