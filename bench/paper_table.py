@@ -176,7 +176,8 @@ def main() -> None:
         print("| " + " | ".join(HEADER) + " |")
         print("|" + "---|" * len(HEADER))
     for m in chosen:
-        emit({**row(m, args), "versions": versions} if args.json else row(m, args), args.json)
+        out = row(m, args)
+        emit({**out, "versions": versions} if args.json else out, args.json)
 
 
 if __name__ == "__main__":
