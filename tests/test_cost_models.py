@@ -3,6 +3,7 @@ reused, scratch memory is counted under all of them, and the fit is exact where 
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -227,3 +228,26 @@ def test_the_graph_says_how_much_of_its_time_is_the_in_situ_share(fit_dir):
     assert 0.0 <= share < 1.0
     flops = hiremate.build_graph(model, x, cost_model="flops", cache_dir=fit_dir)
     assert flops.meta["in_situ_share"] == 0.0
+
+
+def test_a_bfloat16_model_is_fitted_and_wrapped_with_eagers_gradients(tmp_path):
+    """bfloat16 training is common, and the roofline's calibration has a program that
+    bfloat16 cannot run on a CPU (its FFT). That program is skipped, the FFT class keeps a
+    fit, and the wrapper's gradients are eager's to the bit (before, the FFT's "Unsupported
+    dtype" stopped every bfloat16 model on the CPU)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[layer for _ in range(6) for layer in (nn.Linear(32, 32), nn.GELU())],
+                          nn.Linear(32, 8)).to(torch.bfloat16)
+    x = torch.randn(256, 32, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    wrapped = hiremate.HRockmate(model, x, 0.6, cost_model="roofline", cache_dir=str(tmp_path),
+                                 calibrate=0)
+    [fit] = (tmp_path / "roofline").glob("*.json")
+    stored = json.loads(fit.read_text())
+    assert "bfloat16" in stored["fingerprint"]["dtype"]
+    assert all(c >= 0 for row in stored["coefficients"].values() for c in row)
+    assert sum(stored["coefficients"]["fft"]) > 0
+    wrapped(x).float().square().sum().backward()
+    reference(x).float().square().sum().backward()
+    for ours, theirs in zip(wrapped.parameters(), reference.parameters()):
+        assert torch.equal(ours.grad, theirs.grad)
