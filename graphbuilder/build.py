@@ -105,7 +105,12 @@ def _real_inputs(model: torch.nn.Module, sample: Any, cap) -> list[Any]:
     tangents = []
     for ph in [n for n in cap.gm.graph.nodes if n.op == "placeholder"][-len(cap.tangent_for_output):]:
         val = ph.meta["val"]
-        tangents.append(torch.randn(tuple(val.shape), generator=gen, dtype=val.dtype).to(val.device))
+        # laid out as the trace's tangent was (its output's strides: a transposed output's
+        # gradient is transposed too), since the traced backward may view it accordingly
+        tangent = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype,
+                                      device=val.device)
+        tangents.append(tangent.copy_(torch.randn(tuple(val.shape), generator=gen,
+                                                  dtype=val.dtype)))
     return ([params[n].detach() for n in cap.param_names]
             + [params[n].detach() for n in cap.frozen_names]
             + [buffers[n].detach().clone() for n in cap.buffer_names]

@@ -53,6 +53,7 @@ def functionalise(gm: torch.fx.GraphModule, last_forward: str,
     """
     if not needs_functionalising(gm):
         return gm, last_forward
+    _fills_in_memory_order(gm)
     forward_names: set[str] = set()
     in_forward = True
     for node in gm.graph.nodes:
@@ -88,6 +89,47 @@ def functionalise(gm: torch.fx.GraphModule, last_forward: str,
     n_after = sum(1 for n in new.graph.nodes if n.op == "call_function")
     log.info("functionalised the traced graph: %d ops -> %d ops", n_before, n_after)
     return new, new_last.name
+
+
+def _fills_in_memory_order(gm: torch.fx.GraphModule) -> None:
+    """Put every in-place random fill of a permuted tensor onto the tensor's view whose
+    dimensions are in memory order.
+
+    Why: an in-place fill (``bernoulli_`` in dropout, ``uniform_``, ``normal_``) draws its
+    numbers in the memory order of the tensor it fills, while its out-of-place form, which
+    functionalisation substitutes, draws them into a fresh contiguous tensor. On a transposed
+    tensor (dropout after a batch-first attention's transpose) the same numbers would land on
+    other elements, and the wrapper's dropout masks would differ from eager's. On the view in
+    memory order (contiguous) both forms put each number on the same element."""
+    for node in list(gm.graph.nodes):
+        target = node.target
+        if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
+                or not target._schema.is_mutable
+                or torch.Tag.nondeterministic_seeded not in target.tags):
+            continue
+        filled = node.args[0] if node.args else None
+        value = filled.meta.get("val") if isinstance(filled, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.is_contiguous():
+            continue
+        order = sorted(range(value.dim()), key=lambda d: -value.stride(d))  # stable for ties
+        if not _dense(value.shape, value.stride(), order):
+            continue  # overlapping or with gaps: no order of its dimensions is one block
+        with gm.graph.inserting_before(node):
+            view = gm.graph.call_function(torch.ops.aten.permute.default, (filled, order))
+        view.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        node.replace_all_uses_with(filled)  # an in-place op returns the tensor it filled
+        node.args = (view, *node.args[1:])
+        log.debug("random fill %s moved onto its memory-order view", node.name)
+
+
+def _dense(shape, stride, order: list[int]) -> bool:
+    """Whether the dimensions in ``order`` are a row-major layout of one block of memory."""
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and stride[d] != expected:
+            return False
+        expected *= shape[d]
+    return True
 
 
 #: meta fields that pair backward ops with forward ops; a re-trace runs no autograd and stamps

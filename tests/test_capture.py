@@ -444,3 +444,25 @@ def test_a_complex_parameter_is_captured_and_rescheduled_exactly():
     assert low.report["relative_time"] > 1  # a schedule that recomputes
     model.zero_grad(set_to_none=True)
     _assert_same_training_step(model, sample, schedule=low.schedule, graph=graph)
+
+
+class BatchFirstAttention(nn.Module):
+    """``nn.MultiheadAttention(batch_first=True)`` returns a transposed view, so the gradient
+    autograd hands its backward is transposed too, and the traced backward views it so."""
+
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, dropout=dropout, batch_first=True,
+                                               dtype=torch.float64)
+
+    def forward(self, x):
+        return self.attention(x, x, x)[0]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_an_output_laid_out_transposed_is_measured_with_its_gradient_laid_out_so(dropout):
+    torch.manual_seed(0)
+    model = BatchFirstAttention(dropout)
+    sample = torch.randn(3, 5, 8, dtype=torch.float64)
+    graph = hiremate.build_graph(model, sample, cost_model="flops")
+    _assert_same_training_step(model, sample, graph=graph)

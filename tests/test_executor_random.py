@@ -19,15 +19,18 @@ SCHEDULES = ["autodiff", "keep-none", "keep-half", "keep-third"]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_dropout_same_as_eager_with_same_seed(schedule: str) -> None:
-    graph = graph_of("dropnet")
-    assert sum(n.random for n in graph.nodes) == 2
+@pytest.mark.parametrize("name,n_random", [("dropnet", 2), ("attnlayer", 4)])
+def test_dropout_same_as_eager_with_same_seed(schedule: str, name: str, n_random: int) -> None:
+    """Also where dropout fills a transposed tensor (``attnlayer``): the functional form of
+    ``bernoulli_`` would draw its numbers into a contiguous tensor, onto other elements."""
+    graph = graph_of(name)
+    assert sum(n.random for n in graph.nodes) == n_random
     sched = schedules_of(graph)[schedule]
     recomputed = {s.node for i, s in enumerate(sched) if isinstance(s, Compute)
                   and any(isinstance(t, Compute) and t.node == s.node for t in sched[:i])}
     if schedule == "keep-none":
         assert any(graph.nodes[n].random for n in recomputed), "no random node recomputed"
-    model, sample = get_model("dropnet")
+    model, sample = get_model(name)
     ref = copy.deepcopy(model)
     remat = RematModule(model, graph, sched)
     results = []

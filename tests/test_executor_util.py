@@ -64,6 +64,18 @@ class TwoBranchDrop(nn.Module):
         return self.drop(torch.tanh(self.a(x))) * self.drop(torch.tanh(self.b(x)))
 
 
+class AttentionLayer(nn.Module):
+    """A batch-first Transformer layer with dropout: its attention output is transposed
+    back to batch-first, so the dropout after it fills a transposed tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.2, batch_first=True)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
 class DictOut(nn.Module):
     """Keyword inputs (one integer, one that may need a gradient) and a dict output."""
 
@@ -125,6 +137,8 @@ def get_model(name: str, dtype: torch.dtype = torch.float64) -> tuple[nn.Module,
         return _seeded(ConvBN, dtype), (torch.randn(2, 3, 8, 8, generator=gen, dtype=dtype),)
     if name == "dropnet":
         return _seeded(DropNet, dtype), (torch.randn(5, 8, generator=gen, dtype=dtype),)
+    if name == "attnlayer":
+        return _seeded(AttentionLayer, dtype), (torch.randn(2, 6, 16, generator=gen, dtype=dtype),)
     if name == "twobranch":
         return _seeded(TwoBranchDrop, dtype), (torch.randn(4, 6, generator=gen, dtype=dtype),)
     if name == "dictout":
