@@ -39,9 +39,12 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     cap = capture(model, sample)
     t_capture = time.perf_counter() - start
     grouping = group_joint(cap)
-    costs = op_costs(cap.gm, _real_inputs(model, sample, cap), cost_model, repeats,
-                     cache_dir=cache_dir,
-                     param_grads=[g for g in grouping.grads[:len(cap.param_names)] if g])
+    device = _device(model, sample)
+    # the program's ops carry the casts of an autocast active at capture: measured as recorded
+    with torch.autocast(device.type, enabled=False):
+        costs = op_costs(cap.gm, _real_inputs(model, sample, cap), cost_model, repeats,
+                         cache_dir=cache_dir,
+                         param_grads=[g for g in grouping.grads[:len(cap.param_names)] if g])
     meta = {
         "model": type(model).__name__,
         "capture_path": cap.path,
@@ -64,9 +67,21 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
         "joint_ops": sum(1 for n in cap.gm.graph.nodes if n.op == "call_function"),
         "guards": [guard_to_dict(g) for g in cap.guards],
     }
+    cast = autocast_dtype(device.type)
+    if cast is not None:  # left out otherwise, so that graphs captured without it keep their key
+        meta["autocast"] = cast
     graph = assemble(cap, grouping, costs, meta)
     log.info("built %r in %.2fs (capture %.2fs)", graph, time.perf_counter() - start, t_capture)
     return graph
+
+
+def autocast_dtype(device_type: str) -> str | None:
+    """The dtype autocast casts to on ``device_type`` now (``"bfloat16"``), None when it is off:
+    a capture records the casts of the autocast active at capture, so the graph is that
+    autocast's program, and a call under another one would compute something else."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
 
 
 def _in_situ_share(costs: dict[str, Any]) -> float:

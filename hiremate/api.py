@@ -40,6 +40,7 @@ from hiremate.config import Config, load_config
 from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
                              InputMismatchError)
 from hiremate.ir.graph import DataKind, Graph
+from hiremate.graphbuilder.build import autocast_dtype
 from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
 from hiremate.runtime.preserve import preserved
@@ -413,6 +414,8 @@ class HRockmate(ModelWrapper):
         another mode than at build the graph computes something else (dropout, BatchNorm)."""
         if not torch.is_grad_enabled():
             return False
+        if not self._autocast_as_captured():
+            return False
         if [m.training for m in self._mode_modules] == self._built_modes:
             return True
         built_training = self._built_modes[0]
@@ -425,6 +428,24 @@ class HRockmate(ModelWrapper):
                     "plain forward (no memory bound)", type(model).__name__,
                     "training" if model.training else "eval",
                     "training" if built_training else "eval")
+        return False
+
+    def _autocast_as_captured(self) -> bool:
+        """Whether this call's autocast is the capture's (the graph holds the casts of the
+        autocast at capture, or none): under another the captured program would compute in
+        other dtypes than the model now does, so the plain forward runs, with a warning once."""
+        graph = self.graph
+        captured = graph.meta.get("autocast")
+        now = autocast_dtype(torch.device(graph.meta.get("device", "cpu")).type)
+        if now == captured:
+            return True
+        if (now, captured) not in self._mode_notes:
+            self._mode_notes.add((now, captured))
+            log.warning("%s is called %s but was captured %s: running its plain forward (no "
+                        "memory bound). Build the wrapper inside the autocast context that "
+                        "training uses, to train within the budget", graph.meta.get("model"),
+                        f"under autocast to {now}" if now else "without autocast",
+                        f"under autocast to {captured}" if captured else "without autocast")
         return False
 
     # -- facts ------------------------------------------------------------------------------------

@@ -215,7 +215,8 @@ class RematModule(torch.nn.Module):
         else:
             prog = self._get_inference(device)
             call = CallState(_cuda_index(device))
-            outs, _ = prog.fn(call, None, inputs, params, frozen, buffers, ())
+            with _as_captured(device):
+                outs, _ = prog.fn(call, None, inputs, params, frozen, buffers, ())
         return self._rebuild(outs)
 
     def _rebuild(self, outs: tuple[torch.Tensor, ...]) -> Any:
@@ -234,6 +235,14 @@ class RematModule(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"graph={self._graph!r}, steps={len(self._schedule)}, "
                 f"predicted_peak={self._predicted.peak}")
+
+
+def _as_captured(device: torch.device) -> Any:
+    """Autocast off while a captured program runs: a capture under autocast recorded its casts
+    and lower-precision ops, one without it recorded none, and either program must run as it
+    was recorded (autocast would cast again what the backward expects in the captured dtype;
+    ``HRockmate`` runs the plain model when the autocast of a call is not the capture's)."""
+    return torch.autocast(device.type, enabled=False)
 
 
 class _Run:
@@ -257,7 +266,8 @@ class _RematFunction(torch.autograd.Function):
         inputs, params = list(tensors[:n_inputs]), list(tensors[n_inputs:])
         fwd, _ = module._get_programs(run.device)
         call = CallState(_cuda_index(run.device))
-        outs, saved = fwd.fn(call, None, inputs, params, run.frozen, run.buffers, ())
+        with _as_captured(run.device):
+            outs, saved = fwd.fn(call, None, inputs, params, run.frozen, run.buffers, ())
         ctx.run = run
         ctx.state = (call, [saved], inputs, params)
         # tensors the caller can write in place before backward: inputs, parameters, and
@@ -309,7 +319,8 @@ class _RematFunction(torch.autograd.Function):
         # tangents the loss reached (autograd gives None for outputs it did not use)
         live = {k for k, pos in enumerate(module._tangent_pos) if grad_outputs[pos] is not None}
         del grad_outputs
-        grads = bwd.fn(call, box, inputs, params, run.frozen, run.buffers, tangents)
+        with _as_captured(run.device):
+            grads = bwd.fn(call, box, inputs, params, run.frozen, run.buffers, tangents)
         del tangents
         n_p = module._n_params
         reach = module._grad_reach
