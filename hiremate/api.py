@@ -20,7 +20,9 @@ although cost measurement and calibration run it for real: one guard
 (:func:`hiremate.runtime.preserve.preserved`) around the whole build keeps that promise whatever stage
 runs the model, rather than each stage keeping it for itself. Calls with inputs of other shapes
 (another batch size or sequence length) are captured and solved again, once per input
-signature (config ``on_new_inputs``, ``max_shapes``).
+signature (config ``on_new_inputs``, ``max_shapes``); so are calls after parameters frozen at
+the build were made trainable, once per set of them. A call under another ``torch.autocast``
+than the build's runs the plain forward: build inside the autocast context training uses.
 """
 
 from __future__ import annotations
@@ -303,6 +305,12 @@ class HRockmate(ModelWrapper):
         self._own("schedule", built.schedule)
         self._own("_report", built.report)
         self._own("hiremate_config", cfg)
+        # which parameters the graph differentiates: one made trainable after the build needs
+        # another capture (the graph computes no gradient for it), see _executor_for
+        captured = set(built.graph.meta.get("param_names", []))
+        names = [n for n, _ in self._runs(model).named_parameters()]
+        self._own("_trainable", (names, tuple(n in captured for n in names)))
+        self._own("_trainable_variants", {})
         # the executor is not a registered submodule: the model is not re-registered under it,
         # and the state-dict keys stay the model's
         self._own("executor", built.executor)
@@ -341,7 +349,7 @@ class HRockmate(ModelWrapper):
             raise error
         model = self._runs(self.wrapped_model)
         sample = tuple(args) if args else dict(kwargs)
-        live = {id(m) for m in self.executor.variants}  # drop the evicted ones' reports
+        live = {id(m) for m in [*self.executor.variants, *self._trainable_variants.values()]}
         self._variant_reports = {m: r for m, r in self._variant_reports.items() if id(m) in live}
         log.info("%s; capturing and solving for these inputs (budget %r)", error,
                  self._budget_arg)
@@ -395,7 +403,31 @@ class HRockmate(ModelWrapper):
         if self.executor is None:
             raise HiremateError("hiremate.runtime.executor is not installed in this build: the schedule "
                                 "was solved (see .report()) but cannot be run")
-        return self.executor(*args, **kwargs)
+        return self._executor_for(args, kwargs)(*args, **kwargs)
+
+    def _executor_for(self, args: tuple, kwargs: dict):
+        """The executor for the parameters trainable now. A parameter frozen at the build and
+        trainable now (a backbone unfrozen after some epochs) has no gradient in the graph, so
+        it is captured and solved again, once per set of such parameters, as for new inputs;
+        a parameter frozen since the build only has its gradient dropped, as eager leaves it."""
+        names, at_build = self._trainable
+        # read at every call (parameters may be replaced: load_state_dict(assign=True))
+        flags = tuple(p.requires_grad for p in self._runs(self.wrapped_model).parameters())
+        if len(flags) != len(names):
+            raise InputMismatchError(
+                f"the model has {len(flags)} parameters now and had {len(names)} when this "
+                "module was built; build the module again for the changed model")
+        unfrozen = tuple(n for n, now, was in zip(names, flags, at_build) if now and not was)
+        if not unfrozen:
+            return self.executor
+        found = self._trainable_variants.get(unfrozen)
+        if found is None:
+            shown = ", ".join(unfrozen[:3]) + (", ..." if len(unfrozen) > 3 else "")
+            found = self._recapture(args, kwargs, InputMismatchError(
+                f"{len(unfrozen)} parameters frozen when this module was built need a gradient "
+                f"now ({shown})"))
+            self._trainable_variants[unfrozen] = found
+        return found
 
     def _loss_step_inputs(self, args: tuple, kwargs: dict) -> tuple:
         """A call's arguments as the captured loss step takes them: the model's, and the
