@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -63,3 +64,21 @@ def test_parameters_frozen_after_the_build_keep_the_module_and_get_no_gradient()
     _grads_match(model, reference, x, wrapper)
     assert model[0].weight.grad is None and model[-1].weight.grad is not None
     assert wrapper.recaptures == 0
+
+
+def test_the_executor_alone_refuses_a_parameter_unfrozen_after_its_graph():
+    import hiremate
+    from hiremate.errors import InputMismatchError
+    from hiremate.runtime.executor import RematModule
+
+    model, x = _model()
+    _set_backbone(model, False)
+    graph = hiremate.build_graph(model, x, cost_model="flops")
+    module = RematModule(model, graph, hiremate.autodiff_schedule(graph))
+    module(x).sum().backward()
+    _set_backbone(model, True)
+    with pytest.raises(InputMismatchError, match=r"0\.weight") as caught:
+        module(x)
+    assert isinstance(caught.value, ValueError)
+    with torch.no_grad():  # no backward can follow: nothing is missing
+        module(x)

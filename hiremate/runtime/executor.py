@@ -201,6 +201,12 @@ class RematModule(torch.nn.Module):
                 )
         training = torch.is_grad_enabled() and (
             any(p.requires_grad for p in params) or any(t.requires_grad for t in inputs))
+        if torch.is_grad_enabled() and any(f.requires_grad for f in frozen):
+            unfrozen = [n for n, f in zip(self._frozen_names, frozen) if f.requires_grad]
+            raise InputMismatchError(
+                f"parameters frozen when the graph was built need a gradient now "
+                f"({', '.join(unfrozen[:3])}{', ...' if len(unfrozen) > 3 else ''}); the graph "
+                "computes none for them: build the graph again (HRockmate does so by itself)")
         if training:
             for i, (t, rg) in enumerate(zip(inputs, self._input_rg)):
                 if t.requires_grad and not rg:
