@@ -229,16 +229,22 @@ def plain_checkpoints(model_name: str, announce: bool = True) -> Iterator[None]:
 
 
 def _distinct(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``tensors`` with every repeat of one tensor object replaced by a copy. Tracing turns each
-    input into a fake tensor memoised by identity, so a sample that passes one tensor twice
-    (``model(input_ids, labels=input_ids)``, the Hugging Face idiom) would become one graph
-    input read in both places, and every later call would use the first argument for both."""
+    """``tensors`` as leaves, with every repeat of one tensor object replaced by a copy.
+    Tracing turns each input into a fake tensor memoised by identity, so a sample that passes
+    one tensor twice (``model(input_ids, labels=input_ids)``, the Hugging Face idiom) would
+    become one graph input read in both places, and every later call would use the first
+    argument for both. An input computed upstream (a wrapped submodule's, say) is detached:
+    the capture needs its value and whether it needs a gradient, not its history (tracing
+    reads ``.grad`` of its inputs, which on a non-leaf tensor warns)."""
     seen: set[int] = set()
     out = []
     for t in tensors:
-        if id(t) in seen:
+        original = id(t)
+        if original in seen:
             t = t.detach().clone().requires_grad_(t.requires_grad)
-        seen.add(id(t))
+        elif not t.is_leaf:
+            t = t.detach().requires_grad_(t.requires_grad)
+        seen.add(original)
         out.append(t)
     return out
 

@@ -184,3 +184,43 @@ def test_new_shape_first_seen_without_grad_then_trains(context):
     assert h.recaptures == 1
     compare_with_eager(h, model, eager, x5, 3)
     assert h.recaptures == 1
+
+
+class Embedded(nn.Module):
+    """An embedding, a trunk, a head: a user wraps the trunk alone, from a plain sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(50, 16)
+        self.trunk = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(16, 16), nn.GELU())])
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids):
+        return self.head(self.trunk(self.embedding(ids)))
+
+
+@pytest.mark.parametrize("on_new_inputs", ["recapture", "raise"])
+def test_a_wrapped_submodule_whose_input_needs_a_gradient(on_new_inputs):
+    """The trunk's sample needs no gradient, its input in the model does (the embedding's):
+    captured and solved again for it, so the embedding gets eager's gradient; under
+    ``on_new_inputs='raise'`` (and for a bare executor) the mismatch is an error."""
+    torch.manual_seed(0)
+    model = Embedded().double()
+    eager = copy.deepcopy(model)
+    ids = torch.randint(0, 50, (8, 12))
+    model.trunk = HRockmate(model.trunk, torch.randn(8, 12, 16, dtype=torch.float64), 0.6,
+                            calibrate=0, on_new_inputs=on_new_inputs)
+    if on_new_inputs == "raise":
+        with pytest.raises(InputMismatchError, match="requires grad"):
+            model(ids)
+        return
+    for _ in range(2):
+        for m in (model, eager):
+            m.zero_grad(set_to_none=True)
+            m(ids).square().sum().backward()
+        for a, b in zip(model.parameters(), eager.parameters()):
+            assert torch.equal(a.grad, b.grad)
+    assert model.trunk.recaptures == 1
+    with torch.no_grad():  # no gradient can be asked for: the sample's module serves
+        assert torch.equal(model(ids), eager(ids))
+    assert model.trunk.recaptures == 1

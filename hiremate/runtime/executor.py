@@ -208,14 +208,6 @@ class RematModule(torch.nn.Module):
                 f"({', '.join(unfrozen[:3])}{', ...' if len(unfrozen) > 3 else ''}); the graph "
                 "computes none for them: build the graph again (HRockmate does so by itself)")
         if training:
-            for i, (t, rg) in enumerate(zip(inputs, self._input_rg)):
-                if t.requires_grad and not rg:
-                    raise InputMismatchError(
-                        f"input {self._checker.paths[i]} requires grad, but the graph was "
-                        "built from a sample where it did not, so the schedule computes no "
-                        "gradient for it; rebuild the graph with a sample whose tensor has "
-                        "requires_grad=True, or pass the input detached"
-                    )
             run = _Run(self, device, frozen, buffers)
             outs = _RematFunction.apply(run, len(inputs), *inputs, *params)
         else:

@@ -33,6 +33,8 @@ class InputChecker:
                 f"{len(self.paths)} input paths; rebuild the graph with hiremate.build_graph"
             )
         self._dtypes = [getattr(torch, dt, None) for _, dt in self.expected]
+        self._requires_grad = [bool(rg) for rg in meta.get("input_requires_grad",
+                                                            [False] * len(self.expected))]
         self._good_spec: Any = None
         self._tensor_pos: list[int] = []
         self.guards = [_RuntimeGuard(g) for g in meta.get("guards", [])]
@@ -40,8 +42,9 @@ class InputChecker:
     def signature(self, leaves: list[Any], spec: Any) -> Any:
         """A hashable key of the inputs' structure, shapes and dtypes, and of the values of the
         graph's guards on them (where the structure lets them be computed)."""
-        shapes = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor)
-                       else type(t).__name__ for t in leaves)
+        grad = torch.is_grad_enabled()
+        shapes = tuple((tuple(t.shape), t.dtype, grad and t.requires_grad)
+                       if isinstance(t, torch.Tensor) else type(t).__name__ for t in leaves)
         values: tuple = ()
         if self.guards:
             tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
@@ -71,6 +74,16 @@ class InputChecker:
                     "for new inputs unless configured with on_new_inputs='raise' (a "
                     "RematModule does so given on_mismatch=callable)"
                 )
+        if torch.is_grad_enabled():
+            for i, t in enumerate(tensors):
+                if t.requires_grad and not self._requires_grad[i]:
+                    raise InputMismatchError(
+                        f"input {self.paths[i]} requires grad, but the graph was built from a "
+                        "sample where it did not, so the schedule computes no gradient for it; "
+                        "HRockmate captures and solves again for such inputs unless configured "
+                        "with on_new_inputs='raise' (then build it from a sample whose tensor "
+                        "has requires_grad=True, or pass the input detached)"
+                    )
         for guard in self.guards:
             guard.check(tensors)
         return tensors
