@@ -68,7 +68,7 @@ def capture(model: torch.nn.Module, sample: Any) -> JointCapture:
     """Trace ``model`` on ``sample``; raise :class:`GraphCaptureError` naming every failed path."""
     args, kwargs = training_call(model, *normalise_sample(sample))
     attempts: dict[str, str] = {}
-    with plain_checkpoints(type(model).__name__):
+    with plain_checkpoints(type(model).__name__), _unvalidated_distributions(model):
         for path in ("make_fx", "export"):
             try:
                 with _foreign_randomness_check(model):
@@ -88,6 +88,39 @@ def capture(model: torch.nn.Module, sample: Any) -> JointCapture:
         f"could not capture {type(model).__name__}: every capture path failed ({tried})",
         attempts=attempts,
     )
+
+
+@contextlib.contextmanager
+def _unvalidated_distributions(model: torch.nn.Module) -> Iterator[None]:
+    """Capture with ``torch.distributions``' argument checks off, and log it when the model made
+    a distribution.
+
+    A distribution made with the default ``validate_args`` checks its parameters' values
+    (``constraint.check(value).all()`` on, say, the scale of a VAE's ``Normal``): a branch on
+    an activation, which a captured program cannot hold. The check only decides whether to
+    raise, never what is computed, so the captured program runs without it, as under
+    ``python -O`` or ``Distribution.set_default_validate_args(False)``."""
+    from torch.distributions import Distribution
+
+    default = Distribution._validate_args
+    made: list[str] = []
+    original = Distribution.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(type(self).__name__)
+        original(self, *args, **kwargs)
+
+    Distribution.set_default_validate_args(False)
+    Distribution.__init__ = counting
+    try:
+        yield
+    finally:
+        Distribution.__init__ = original
+        Distribution.set_default_validate_args(default)
+    if made and default:
+        log.info("%s makes torch.distributions objects (%s): captured without their argument "
+                 "checks, which test activations' values; the wrapper runs without them",
+                 type(model).__name__, ", ".join(sorted(set(made))))
 
 
 @contextlib.contextmanager

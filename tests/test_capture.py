@@ -466,3 +466,34 @@ def test_an_output_laid_out_transposed_is_measured_with_its_gradient_laid_out_so
     sample = torch.randn(3, 5, 8, dtype=torch.float64)
     graph = hiremate.build_graph(model, sample, cost_model="flops")
     _assert_same_training_step(model, sample, graph=graph)
+
+
+class Sampled(nn.Module):
+    """A VAE's reparameterised draw through ``torch.distributions`` with its default argument
+    checks (a ``constraint.check(scale).all()`` on an activation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encode = nn.Linear(6, 8, dtype=torch.float64)
+        self.decode = nn.Linear(4, 6, dtype=torch.float64)
+
+    def forward(self, x):
+        mean, raw = self.encode(x).chunk(2, -1)
+        scale = torch.nn.functional.softplus(raw) + 1e-3
+        return self.decode(torch.distributions.Normal(mean, scale).rsample())
+
+
+def test_distributions_are_captured_without_their_argument_checks(caplog):
+    from torch.distributions import Distribution
+
+    torch.manual_seed(0)
+    model = Sampled()
+    sample = torch.randn(5, 6, dtype=torch.float64)
+    assert Distribution._validate_args
+    with caplog.at_level(logging.INFO, logger="hiremate"):
+        graph = hiremate.build_graph(model, sample, cost_model="flops")
+    assert any("argument checks" in r.getMessage() and "Normal" in r.getMessage()
+               for r in caplog.records)
+    assert Distribution._validate_args  # the user's default is back
+    assert any(n.random for n in graph.nodes)
+    _assert_same_training_step(model, sample, graph=graph)

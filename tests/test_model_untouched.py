@@ -15,6 +15,7 @@ from torch import nn
 
 import hiremate
 from hiremate import HRockmate
+from hiremate.errors import InfeasibleBudgetError
 from hiremate.runtime.preserve import preserved
 
 # hierarchical_above: the flat path alone (these graphs are small), so a build takes seconds
@@ -234,3 +235,36 @@ def test_clip_vision_model_post_layernorm_grad_is_none():
     post = [p for n, p in eager.named_parameters() if "post_layernorm" in n]
     assert post and all(p.grad is None for p in post)
     assert_grads_match(model, eager)
+
+
+class SparseGraphNet(nn.Module):
+    """A graph network whose adjacency is a sparse buffer (``torch.equal`` has no sparse
+    kernel: the build's restore of the buffers used it, and its error hid the real one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+        edges = torch.randint(0, 30, (2, 90), generator=torch.Generator().manual_seed(0))
+        self.register_buffer("adjacency", torch.sparse_coo_tensor(
+            edges, torch.ones(90), (30, 30), check_invariants=True).coalesce())
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(torch.sparse.mm(self.adjacency, layer(x))) + x
+        return x
+
+
+def test_a_sparse_buffer_is_kept_and_errors_are_the_builds():
+    torch.manual_seed(0)
+    model = SparseGraphNet()
+    x = torch.randn(30, 16)
+    before = model.adjacency
+    with pytest.raises(InfeasibleBudgetError):
+        HRockmate(model, x, 0.05, calibrate=0)
+    eager = copy.deepcopy(model)
+    wrapper = HRockmate(model, x, 1.0, calibrate=0)
+    assert model.adjacency is before
+    wrapper(x).square().sum().backward()
+    eager(x).square().sum().backward()
+    for a, b in zip(model.parameters(), eager.parameters()):
+        assert torch.equal(a.grad, b.grad)

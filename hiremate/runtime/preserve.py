@@ -75,7 +75,7 @@ class ModelState:
                 # a write that bypassed the version counter (through ``.data``) is caught by
                 # the comparison; an unchanged buffer is not written, since a write would bump
                 # its version and break a pending backward that saved it (BatchNorm in eval)
-                if b._version != version or not torch.equal(b, saved):
+                if not _unchanged(b, version, saved):
                     b.copy_(saved)
         for p, g in zip(self._params, self._grads):
             if p.grad is not g:
@@ -88,6 +88,14 @@ class ModelState:
         torch.set_rng_state(self._cpu_rng)
         if self._cuda_rng is not None:
             torch.cuda.set_rng_state_all(self._cuda_rng)
+
+
+def _unchanged(buffer: torch.Tensor, version: int, saved: torch.Tensor) -> bool:
+    """Whether ``buffer`` still holds ``saved``: its version, and for a dense tensor its values
+    (``torch.equal`` has no kernel for sparse layouts, whose in-place writes bump the version)."""
+    if buffer._version != version:
+        return False
+    return buffer.layout is not torch.strided or torch.equal(buffer, saved)
 
 
 @contextlib.contextmanager
