@@ -106,12 +106,18 @@ def test_max_shapes_evicts_the_least_recently_used_and_bytes_stay_bytes(caplog):
         assert h.recaptures == 2
         assert [v["inputs"][0][1] for v in h.variants()] == [(6, 8)]
         assert any("evicted" in r.getMessage() for r in caplog.records)
-        compare_with_eager(h, model, eager, x5, 4)  # captured again
-    assert h.recaptures == 3
-    assert [v["inputs"][0][1] for v in h.variants()] == [(5, 8)]
+        assert not any(r.levelno >= logging.WARNING for r in caplog.records)
+        compare_with_eager(h, model, eager, x5, 4)  # captured again: shapes come in turn
+        assert h.recaptures == 3
+        assert [v["inputs"][0][1] for v in h.variants()] == [(5, 8)]
+        compare_with_eager(h, model, eager, x6, 5)
+        assert h.recaptures == 4
+    thrashing = [r for r in caplog.records
+                 if r.levelno == logging.WARNING and "max_shapes" in r.getMessage()]
+    assert len(thrashing) == 1  # once, however often they come back
     assert h.variants()[0]["report"]["budget"] == budget == h.report()["budget"]
-    compare_with_eager(h, model, eager, x3, 5)
-    assert h.recaptures == 3
+    compare_with_eager(h, model, eager, x3, 6)
+    assert h.recaptures == 4
 
 
 def test_least_recently_used_is_evicted_not_the_oldest():

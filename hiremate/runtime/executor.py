@@ -92,6 +92,8 @@ class RematModule(torch.nn.Module):
         self._on_mismatch = on_mismatch
         self._others: OrderedDict[Any, RematModule] = OrderedDict()  # least recent first
         self._max_others = max_others
+        self._evicted: set[Any] = set()  # signatures whose module was evicted
+        self._thrash_warned = False
         # per returned gradient (parameters, then inputs), the tangents that reach it
         self._grad_reach = tangents_reaching(graph)
         # positions among the tensor outputs of those that carry a gradient (tangents)
@@ -177,10 +179,17 @@ class RematModule(torch.nn.Module):
             key = self._checker.signature(leaves, spec)
             other = self._others.get(key)
             if other is None:
+                if key in self._evicted and not self._thrash_warned:
+                    log.warning("inputs of more shapes than the %d modules kept (max_shapes) "
+                                "come in turn, so each evicted shape is captured again when it "
+                                "returns; raise max_shapes, or pad the inputs to a few fixed "
+                                "shapes (sequence lengths in buckets)", self._max_others)
+                    self._thrash_warned = True
                 other = self._on_mismatch(args, kwargs, err)
                 self._others[key] = other
                 while self._max_others is not None and len(self._others) > self._max_others:
                     old_key, _ = self._others.popitem(last=False)
+                    self._evicted.add(old_key)
                     log.info("evicted the module built for inputs %s (least recently used; "
                              "at most %d kept)", old_key, self._max_others)
             else:
