@@ -67,12 +67,26 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
         "joint_ops": sum(1 for n in cap.gm.graph.nodes if n.op == "call_function"),
         "guards": [guard_to_dict(g) for g in cap.guards],
     }
+    constants = input_constants(sample)
+    if constants:  # left out otherwise, so that graphs of tensor-only calls keep their key
+        meta["input_constants"] = constants
     cast = autocast_dtype(device.type)
     if cast is not None:  # left out otherwise, so that graphs captured without it keep their key
         meta["autocast"] = cast
     graph = assemble(cap, grouping, costs, meta)
     log.info("built %r in %.2fs (capture %.2fs)", graph, time.perf_counter() - start, t_capture)
     return graph
+
+
+def input_constants(sample: Any) -> list[list[Any]]:
+    """``[key path, value]`` of every plain constant (``None``, a bool, int, float or string)
+    among the sample's arguments: the capture bakes each into the program (``x * scale``), so a
+    call with another value must not run it. Other objects cannot be compared reliably and are
+    left out (their repr may hold an address)."""
+    args, kwargs = normalise_sample(sample)
+    leaves, _ = pytree.tree_flatten_with_path((args, kwargs))
+    return [[pytree.keystr(path), value] for path, value in leaves
+            if value is None or type(value) in (bool, int, float, str)]
 
 
 def autocast_dtype(device_type: str) -> str | None:

@@ -41,7 +41,7 @@ from hiremate.ir.budget import resolve_budget
 from hiremate.config import Config, load_config
 from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
                              InputMismatchError)
-from hiremate.ir.graph import DataKind, Graph
+from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
 from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
@@ -372,6 +372,17 @@ class HRockmate(ModelWrapper):
                 f"cannot run: {exc}") from exc
         self.recaptures += 1
         built.report["recapture_time"] = time.perf_counter() - start
+        checker = self.executor._checker
+        path = getattr(error, "constant_path", None)
+        if path is not None and same_program(built.graph, self.graph):
+            # the argument's value is not part of the program (a step counter passed along):
+            # the sample's module serves every value of it from now on
+            log.info("argument %s does not change the captured program: no longer checked",
+                     path)
+            checker.ignore_constant(path)
+            return self.executor
+        for ignored in checker.ignored():
+            built.executor._checker.ignore_constant(ignored)
         self._variant_reports[built.executor] = built.report
         log.info("built a module for the new inputs in %.2fs (budget %s bytes)",
                  built.report["recapture_time"], built.report.get("budget"))

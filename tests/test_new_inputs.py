@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import hiremate
 from hiremate import HRockmate
 from hiremate.ir.budget import autodiff_peak
 from hiremate.config import load_config
@@ -230,3 +231,47 @@ def test_a_wrapped_submodule_whose_input_needs_a_gradient(on_new_inputs):
     with torch.no_grad():  # no gradient can be asked for: the sample's module serves
         assert torch.equal(model(ids), eager(ids))
     assert model.trunk.recaptures == 1
+
+
+class Scaled(nn.Module):
+    """Plain constants among the arguments: ``scale`` is part of the computation, ``step`` (a
+    counter passed along, as training loops do) is not."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+
+    def forward(self, x, step=0, scale=1.0):
+        return self.layers(x) * scale
+
+
+def test_a_constant_argument_with_another_value_is_not_run_with_the_samples():
+    """The capture bakes ``scale`` into the program: a call with another value used to return
+    the sample's result silently. Now it is captured again (and that module reused for the
+    value); ``step`` gives the same program, so after one capture it is no longer checked."""
+    torch.manual_seed(0)
+    model = Scaled().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    h = HRockmate(model, {"x": x, "step": 0, "scale": 2.0}, 1.0, calibrate=0, **FAST)
+    for step in range(1, 4):
+        assert torch.equal(h(x=x, step=step, scale=2.0), eager(x=x, step=step, scale=2.0))
+    assert h.recaptures == 1
+    for scale in (3.0, 2.0, 3.0, 2.0):
+        assert torch.equal(h(x=x, step=7, scale=scale), eager(x=x, step=7, scale=scale))
+    assert h.recaptures == 2
+
+
+def test_the_executor_alone_refuses_another_constant():
+    from hiremate.runtime.executor import RematModule
+
+    torch.manual_seed(0)
+    model = Scaled().double()
+    x = torch.randn(4, 8, dtype=torch.float64)
+    graph = hiremate.build_graph(model, {"x": x, "scale": 2.0}, cost_model="flops")
+    module = RematModule(model, graph, autodiff_schedule(graph))
+    module(x=x, scale=2.0)
+    with pytest.raises(InputMismatchError, match=r"scale.*3\.0.*2\.0"):
+        module(x=x, scale=3.0)
+    with pytest.raises(InputMismatchError, match="captured with 2.0"):
+        module(x=x, scale=2)  # an int is not the float the program holds

@@ -452,3 +452,14 @@ def graph_key(graph: Graph, times: bool = False) -> str:
         h.update(repr((d.kind.value, d.size, d.producer)).encode())
     h.update(repr(graph.outputs).encode())
     return h.hexdigest()
+
+
+def same_program(a: Graph, b: Graph) -> bool:
+    """Whether two captures are one program: the same nodes, ops (with their constant
+    arguments), values and outputs, whatever their measured times."""
+    return (len(a.nodes) == len(b.nodes) and a.outputs == b.outputs
+            and all((m.kind, m.inputs, m.outputs, m.ops) == (n.kind, n.inputs, n.outputs, n.ops)
+                    for m, n in zip(a.nodes, b.nodes))
+            and [(d.kind, d.shape, d.dtype) for d in a.data]
+            == [(d.kind, d.shape, d.dtype) for d in b.data])
+

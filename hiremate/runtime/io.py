@@ -9,6 +9,7 @@ tensors (nothing is computed, no random number is drawn, no buffer is written).
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -38,13 +39,22 @@ class InputChecker:
         self._good_spec: Any = None
         self._tensor_pos: list[int] = []
         self.guards = [_RuntimeGuard(g) for g in meta.get("guards", [])]
+        # plain constants of the sample, by key path; a path is ignored once a capture with
+        # another value gave the same program (see ``ignore_constant``)
+        self.constants: dict[str, Any] = {path: v for path, v in meta.get("input_constants", [])}
+        self._constant_pos: list[tuple[int, str]] = []
 
     def signature(self, leaves: list[Any], spec: Any) -> Any:
         """A hashable key of the inputs' structure, shapes and dtypes, and of the values of the
         graph's guards on them (where the structure lets them be computed)."""
         grad = torch.is_grad_enabled()
+        ignored = self.ignored()
+        if ignored:  # leave out the values of arguments that do not change the program
+            with_path, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(leaves, spec))
+            leaves = [None if pytree.keystr(p) in ignored else v for p, v in with_path]
         shapes = tuple((tuple(t.shape), t.dtype, grad and t.requires_grad)
-                       if isinstance(t, torch.Tensor) else type(t).__name__ for t in leaves)
+                       if isinstance(t, torch.Tensor)
+                       else (type(t).__name__, _plain(t)) for t in leaves)
         values: tuple = ()
         if self.guards:
             tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
@@ -74,6 +84,17 @@ class InputChecker:
                     "for new inputs unless configured with on_new_inputs='raise' (a "
                     "RematModule does so given on_mismatch=callable)"
                 )
+        for i, path in self._constant_pos:
+            expected = self.constants.get(path, _IGNORED)
+            if expected is not _IGNORED and not _same_constant(leaves[i], expected):
+                error = InputMismatchError(
+                    f"argument {path} is {leaves[i]!r} but the graph was captured with "
+                    f"{expected!r}: the value is part of the captured program; HRockmate "
+                    "captures and solves again for it unless configured with "
+                    "on_new_inputs='raise' (and ignores the argument from then on if the "
+                    "program comes out the same)")
+                error.constant_path = path
+                raise error
         if torch.is_grad_enabled():
             for i, t in enumerate(tensors):
                 if t.requires_grad and not self._requires_grad[i]:
@@ -109,6 +130,33 @@ class InputChecker:
             )
         self._good_spec = spec
         self._tensor_pos = pos
+        self._constant_pos = [(i, pytree.keystr(p)) for i, (p, v) in enumerate(with_path)
+                              if pytree.keystr(p) in self.constants]
+
+    def ignore_constant(self, path: str) -> None:
+        """Stop checking argument ``path``: another value of it gave the same program."""
+        self.constants[path] = _IGNORED
+
+    def ignored(self) -> set[str]:
+        """The argument paths no longer checked."""
+        return {path for path, v in self.constants.items() if v is _IGNORED}
+
+
+#: marks a constant argument whose value does not change the captured program
+_IGNORED = object()
+
+
+def _plain(value: Any) -> Any:
+    """A plain constant's value (part of a call's signature); None for other objects."""
+    return value if value is None or type(value) in (bool, int, float, str) else None
+
+
+def _same_constant(value: Any, expected: Any) -> bool:
+    if type(value) is not type(expected):
+        return False
+    if isinstance(value, float) and math.isnan(value) and math.isnan(expected):
+        return True
+    return value == expected
 
 
 def derive_output_spec(model: torch.nn.Module, args: tuple, kwargs: dict, n_leaves: int) -> Any:
