@@ -110,6 +110,7 @@ def _unvalidated_distributions(model: torch.nn.Module) -> Iterator[None]:
         made.append(type(self).__name__)
         original(self, *args, **kwargs)
 
+    # entered inside plain_checkpoints, which holds _PATCH_LOCK through the capture
     Distribution.set_default_validate_args(False)
     Distribution.__init__ = counting
     try:

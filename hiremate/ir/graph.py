@@ -462,4 +462,3 @@ def same_program(a: Graph, b: Graph) -> bool:
                     for m, n in zip(a.nodes, b.nodes))
             and [(d.kind, d.shape, d.dtype) for d in a.data]
             == [(d.kind, d.shape, d.dtype) for d in b.data])
-

@@ -45,8 +45,9 @@ class InputChecker:
         self._constant_pos: list[tuple[int, str]] = []
 
     def signature(self, leaves: list[Any], spec: Any) -> Any:
-        """A hashable key of the inputs' structure, shapes and dtypes, and of the values of the
-        graph's guards on them (where the structure lets them be computed)."""
+        """A hashable key of the inputs' structure, shapes, dtypes, whether they need a gradient,
+        the values of plain constants (those still checked), and of the values of the graph's
+        guards on them (where the structure lets them be computed)."""
         grad = torch.is_grad_enabled()
         ignored = self.ignored()
         if ignored:  # leave out the values of arguments that do not change the program
