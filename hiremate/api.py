@@ -44,6 +44,7 @@ from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, Infe
 from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
 from hiremate.graphbuilder.capture import normalise_sample
+from hiremate.runtime.hooks import user_forward_hooks
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
@@ -318,6 +319,12 @@ class HRockmate(ModelWrapper):
         # read at every call: walking a list costs less than walking modules() again
         self._own("_mode_modules", list(model.modules()))
         self._own("_mode_notes", set())
+        self._own("_hooks_at_build", user_forward_hooks(self._mode_modules))
+        if self._hooks_at_build:
+            log.warning("%s has %d forward hooks: they ran once while capturing, on traced values, "
+                        "and do not run in calls through the schedule (what they return is part "
+                        "of the captured program, what else they do is not)",
+                        type(model).__name__, self._hooks_at_build)
         if not model.training:
             log.warning("%s is in eval mode: the schedule serves calls in eval mode with autograd "
                         "on; in training mode the model's plain forward runs, without the memory "
@@ -458,6 +465,14 @@ class HRockmate(ModelWrapper):
         if not torch.is_grad_enabled():
             return False
         if not self._autocast_as_captured():
+            return False
+        if user_forward_hooks(self._mode_modules) != self._hooks_at_build:
+            if "hooks" not in self._mode_notes:
+                self._mode_notes.add("hooks")
+                log.warning("forward hooks were added to or removed from %s after the build: "
+                            "running its plain forward (no memory bound), where they run; build "
+                            "the wrapper again to train within the budget",
+                            type(self.wrapped_model).__name__)
             return False
         if [m.training for m in self._mode_modules] == self._built_modes:
             return True

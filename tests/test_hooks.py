@@ -1,0 +1,62 @@
+"""Forward hooks and the schedule: hooks present at the build ran once on traced values and do
+not run through the schedule (a warning says so); hooks added after the build make the call
+run the model's plain forward, where they run, until they are removed."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from torch import nn
+
+from hiremate import HRockmate
+
+
+def _model() -> tuple[nn.Sequential, torch.Tensor]:
+    torch.manual_seed(0)
+    layers = [m for _ in range(6) for m in (nn.Linear(16, 16), nn.GELU())]
+    return nn.Sequential(*layers, nn.Linear(16, 4)).double(), torch.randn(64, 16).double()
+
+
+def _counting(wrapper: HRockmate) -> list[int]:
+    calls: list[int] = []
+    executor = wrapper.executor
+    original = executor.forward
+    executor.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    return calls
+
+
+def test_a_hook_added_after_the_build_runs_in_the_plain_forward(caplog):
+    model, x = _model()
+    eager = copy.deepcopy(model)
+    wrapper = HRockmate(model, x, 0.6, calibrate=0)
+    calls = _counting(wrapper)
+    kept: list[torch.Tensor] = []
+    handle = model[4].register_forward_hook(lambda mod, args, out: kept.append(out.detach()))
+    with caplog.at_level(logging.WARNING, logger="hiremate"):
+        for _ in range(2):
+            wrapper(x).sum().backward()
+    assert calls == [] and len(kept) == 2
+    assert torch.equal(kept[0], eager[:5](x).detach())
+    assert len([r for r in caplog.records if "hooks were added" in r.getMessage()]) == 1
+    handle.remove()
+    wrapper(x).sum().backward()
+    assert calls == [1] and len(kept) == 2
+
+
+def test_hooks_at_the_build_are_named_and_torchs_own_are_not(caplog):
+    model, x = _model()
+    model[2].register_forward_hook(lambda mod, args, out: None)
+    with caplog.at_level(logging.WARNING, logger="hiremate"):
+        wrapper = HRockmate(model, x, 0.6, calibrate=0)
+    assert any("1 forward hooks" in r.getMessage() for r in caplog.records)
+    calls = _counting(wrapper)
+    wrapper(x).sum().backward()
+    assert calls == [1]  # the schedule runs: the hooks are those of the build
+    caplog.clear()
+    model, x = _model()
+    nn.utils.spectral_norm(model[0])  # a pre-hook of torch's own, which only computes
+    with caplog.at_level(logging.WARNING, logger="hiremate"):
+        HRockmate(model, x, 0.6, calibrate=0)
+    assert not any("hooks" in r.getMessage() for r in caplog.records)
