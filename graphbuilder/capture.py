@@ -68,7 +68,8 @@ def capture(model: torch.nn.Module, sample: Any) -> JointCapture:
     """Trace ``model`` on ``sample``; raise :class:`GraphCaptureError` naming every failed path."""
     args, kwargs = training_call(model, *normalise_sample(sample))
     attempts: dict[str, str] = {}
-    with plain_checkpoints(type(model).__name__), _unvalidated_distributions(model):
+    with (plain_checkpoints(type(model).__name__), _unvalidated_distributions(model),
+          _tensor_hooks_noted(model)):
         for path in ("make_fx", "export"):
             try:
                 with _foreign_randomness_check(model):
@@ -122,6 +123,30 @@ def _unvalidated_distributions(model: torch.nn.Module) -> Iterator[None]:
         log.info("%s makes torch.distributions objects (%s): captured without their argument "
                  "checks, which test activations' values; the wrapper runs without them",
                  type(model).__name__, ", ".join(sorted(set(made))))
+
+
+@contextlib.contextmanager
+def _tensor_hooks_noted(model: torch.nn.Module) -> Iterator[None]:
+    """Warn when the forward registers gradient hooks on its tensors (``h.register_hook``): the
+    traced backward holds what they return (a scaled gradient), but what else they do (keeping
+    a gradient for Grad-CAM) happens once, while capturing, and never in a call."""
+    registered: list[int] = []
+    original = torch.Tensor.register_hook
+
+    def counting(self, hook):
+        registered.append(1)
+        return original(self, hook)
+
+    torch.Tensor.register_hook = counting  # under plain_checkpoints' lock, as above
+    try:
+        yield
+    finally:
+        torch.Tensor.register_hook = original
+    if registered:
+        log.warning("the forward of %s registers gradient hooks on its tensors: the captured "
+                    "backward holds what they return, but what else they do (keeping a "
+                    "gradient) happened once, while capturing, and does not happen in calls",
+                    type(model).__name__)
 
 
 @contextlib.contextmanager

@@ -60,3 +60,35 @@ def test_hooks_at_the_build_are_named_and_torchs_own_are_not(caplog):
     with caplog.at_level(logging.WARNING, logger="hiremate"):
         HRockmate(model, x, 0.6, calibrate=0)
     assert not any("hooks" in r.getMessage() for r in caplog.records)
+
+
+class GradientHooks(nn.Module):
+    """Gradient hooks registered in the forward: one scales a gradient (captured), one keeps
+    it (a side effect that happens only while capturing)."""
+
+    def __init__(self, kept: list[torch.Tensor]):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+        self.kept = kept
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if h.requires_grad:
+            h.register_hook(lambda grad: grad * 0.5)
+            h.register_hook(self.kept.append)
+        return self.b(h)
+
+
+def test_gradient_hooks_in_the_forward_are_captured_and_named(caplog):
+    torch.manual_seed(0)
+    kept: list[torch.Tensor] = []
+    model = GradientHooks(kept).double()
+    x = torch.randn(32, 16, dtype=torch.float64)
+    eager = copy.deepcopy(model)
+    with caplog.at_level(logging.WARNING, logger="hiremate"):
+        wrapper = HRockmate(model, x, 1.0, calibrate=0)
+    assert any("gradient hooks" in r.getMessage() for r in caplog.records)
+    wrapper(x).square().sum().backward()
+    eager(x).square().sum().backward()
+    for a, b in zip(model.parameters(), eager.parameters()):
+        assert torch.equal(a.grad, b.grad)  # the scaling hook is part of the program
