@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hiremate import HRockmate
+from test_executor_util import schedule_calls
 
 
 def _model() -> tuple[nn.Module, torch.Tensor]:
@@ -27,15 +28,6 @@ def _step(module: nn.Module, x: torch.Tensor, autocast: bool) -> torch.Tensor:
     return out
 
 
-def _counting(wrapper: HRockmate) -> list[int]:
-    """A list that grows by one at each call that runs the schedule."""
-    calls: list[int] = []
-    executor = wrapper.executor
-    original = executor.forward
-    executor.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
-    return calls
-
-
 def test_captured_under_autocast_runs_its_schedule_with_eagers_gradients(caplog):
     model, x = _model()
     reference = copy.deepcopy(model)
@@ -44,7 +36,7 @@ def test_captured_under_autocast_runs_its_schedule_with_eagers_gradients(caplog)
     assert wrapper.graph.meta["autocast"] == "bfloat16"
     assert any(d.dtype == "bfloat16" for d in wrapper.graph.data)
     assert wrapper.report()["relative_time"] > 1  # it recomputes
-    calls = _counting(wrapper)
+    calls = schedule_calls(wrapper)
     with caplog.at_level(logging.WARNING, logger="hiremate"):
         ours = _step(wrapper, x, autocast=True)
     theirs = _step(reference, x, autocast=True)
@@ -64,7 +56,7 @@ def test_a_call_under_another_autocast_runs_the_plain_forward(captured, caplog):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=captured):
         wrapper = HRockmate(model, x, 0.6, calibrate=0)
     assert wrapper.graph.meta.get("autocast") == ("bfloat16" if captured else None)
-    calls = _counting(wrapper)
+    calls = schedule_calls(wrapper)
     with caplog.at_level(logging.WARNING, logger="hiremate"):
         for _ in range(2):
             model.zero_grad(set_to_none=True)

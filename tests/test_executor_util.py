@@ -219,3 +219,13 @@ def compare(name: str, schedule_name: str, dtype: torch.dtype = torch.float64,
     for b, br in zip(model.buffers(), ref.buffers()):
         torch.testing.assert_close(b, br, rtol=0, atol=0)
     return remat
+
+
+def schedule_calls(wrapper: Any) -> list[int]:
+    """A list that grows by one at each call of ``wrapper`` (an ``HRockmate``) that runs its
+    schedule, rather than the model's plain forward."""
+    calls: list[int] = []
+    executor = wrapper.executor
+    original = executor.forward
+    executor.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    return calls

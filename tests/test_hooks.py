@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from hiremate import HRockmate
+from test_executor_util import schedule_calls
 
 
 def _model() -> tuple[nn.Sequential, torch.Tensor]:
@@ -19,19 +20,11 @@ def _model() -> tuple[nn.Sequential, torch.Tensor]:
     return nn.Sequential(*layers, nn.Linear(16, 4)).double(), torch.randn(64, 16).double()
 
 
-def _counting(wrapper: HRockmate) -> list[int]:
-    calls: list[int] = []
-    executor = wrapper.executor
-    original = executor.forward
-    executor.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
-    return calls
-
-
 def test_a_hook_added_after_the_build_runs_in_the_plain_forward(caplog):
     model, x = _model()
     eager = copy.deepcopy(model)
     wrapper = HRockmate(model, x, 0.6, calibrate=0)
-    calls = _counting(wrapper)
+    calls = schedule_calls(wrapper)
     kept: list[torch.Tensor] = []
     handle = model[4].register_forward_hook(lambda mod, args, out: kept.append(out.detach()))
     with caplog.at_level(logging.WARNING, logger="hiremate"):
@@ -51,7 +44,7 @@ def test_hooks_at_the_build_are_named_and_torchs_own_are_not(caplog):
     with caplog.at_level(logging.WARNING, logger="hiremate"):
         wrapper = HRockmate(model, x, 0.6, calibrate=0)
     assert any("1 forward hooks" in r.getMessage() for r in caplog.records)
-    calls = _counting(wrapper)
+    calls = schedule_calls(wrapper)
     wrapper(x).sum().backward()
     assert calls == [1]  # the schedule runs: the hooks are those of the build
     caplog.clear()
