@@ -312,6 +312,7 @@ class HRockmate(ModelWrapper):
         names = [n for n, _ in self._runs(model).named_parameters()]
         self._own("_trainable", (names, tuple(n in captured for n in names)))
         self._own("_trainable_variants", {})
+        self._own("_constant_values", {})  # per argument path: values captured again
         # the executor is not a registered submodule: the model is not re-registered under it,
         # and the state-dict keys stay the model's
         self._own("executor", built.executor)
@@ -390,6 +391,12 @@ class HRockmate(ModelWrapper):
             return self.executor
         for ignored in checker.ignored():
             built.executor._checker.ignore_constant(ignored)
+        if path is not None:
+            self._constant_values[path] = self._constant_values.get(path, 0) + 1
+            if self._constant_values[path] == self.hiremate_config.max_shapes + 1:
+                log.warning("argument %s has taken %d values, each captured and solved again: "
+                            "pass it as a tensor, so that it is an input of the program rather "
+                            "than part of it", path, self._constant_values[path])
         self._variant_reports[built.executor] = built.report
         log.info("built a module for the new inputs in %.2fs (budget %s bytes)",
                  built.report["recapture_time"], built.report.get("budget"))

@@ -275,3 +275,17 @@ def test_the_executor_alone_refuses_another_constant():
         module(x=x, scale=3.0)
     with pytest.raises(InputMismatchError, match="captured with 2.0"):
         module(x=x, scale=2)  # an int is not the float the program holds
+
+
+def test_a_constant_that_takes_many_values_is_named(caplog):
+    torch.manual_seed(0)
+    model = Scaled().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    h = HRockmate(model, {"x": x, "scale": 2.0}, 1.0, calibrate=0, max_shapes=1, **FAST)
+    with caplog.at_level(logging.WARNING, logger="hiremate"):
+        for scale in (3.0, 4.0, 5.0):  # an annealed factor: a new program every time
+            assert torch.equal(h(x=x, scale=scale), eager(x=x, scale=scale))
+    named = [r for r in caplog.records if "pass it as a tensor" in r.getMessage()]
+    assert len(named) == 1 and "scale" in named[0].getMessage()
+
