@@ -21,6 +21,12 @@ def _model() -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(*layers, nn.Linear(32, 4)), torch.randn(128, 32)
 
 
+def _ours(caplog) -> list:
+    """hiremate's records: other libraries may log beside it (torch's tracing does, once a
+    test in the same process has turned its logs on)."""
+    return [r for r in caplog.records if r.name.startswith("hiremate")]
+
+
 def _step(module: nn.Module, x: torch.Tensor, autocast: bool) -> torch.Tensor:
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out = module(x)
@@ -40,7 +46,7 @@ def test_captured_under_autocast_runs_its_schedule_with_eagers_gradients(caplog)
     with caplog.at_level(logging.WARNING, logger="hiremate"):
         ours = _step(wrapper, x, autocast=True)
     theirs = _step(reference, x, autocast=True)
-    assert calls == [1] and not caplog.records
+    assert calls == [1] and not _ours(caplog)
     assert ours.dtype == theirs.dtype == torch.bfloat16
     assert torch.equal(ours, theirs)
     for a, b in zip(wrapper.parameters(), reference.parameters()):
@@ -63,7 +69,7 @@ def test_a_call_under_another_autocast_runs_the_plain_forward(captured, caplog):
             ours = _step(wrapper, x, autocast=not captured)
     theirs = _step(reference, x, autocast=not captured)
     assert calls == []
-    assert len([r for r in caplog.records if "autocast" in r.getMessage()]) == 1
+    assert len([r for r in _ours(caplog) if "autocast" in r.getMessage()]) == 1
     assert torch.equal(ours, theirs)
     for a, b in zip(wrapper.parameters(), reference.parameters()):
         assert torch.equal(a.grad, b.grad)

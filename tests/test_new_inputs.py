@@ -107,7 +107,8 @@ def test_max_shapes_evicts_the_least_recently_used_and_bytes_stay_bytes(caplog):
         assert h.recaptures == 2
         assert [v["inputs"][0][1] for v in h.variants()] == [(6, 8)]
         assert any("evicted" in r.getMessage() for r in caplog.records)
-        assert not any(r.levelno >= logging.WARNING for r in caplog.records)
+        assert not any(r.levelno >= logging.WARNING and r.name.startswith("hiremate")
+                       for r in caplog.records)
         compare_with_eager(h, model, eager, x5, 4)  # captured again: shapes come in turn
         assert h.recaptures == 3
         assert [v["inputs"][0][1] for v in h.variants()] == [(5, 8)]
