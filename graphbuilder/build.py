@@ -85,8 +85,13 @@ def input_constants(sample: Any) -> list[list[Any]]:
     left out (their repr may hold an address)."""
     args, kwargs = normalise_sample(sample)
     leaves, _ = pytree.tree_flatten_with_path((args, kwargs))
-    return [[pytree.keystr(path), value] for path, value in leaves
-            if value is None or type(value) in (bool, int, float, str)]
+    return [[pytree.keystr(path), value] for path, value in leaves if plain_constant(value)]
+
+
+def plain_constant(value: Any) -> bool:
+    """Whether ``value`` is a constant compared by value (None, a bool, int, float or string):
+    what :func:`input_constants` records and the executor's input check compares."""
+    return value is None or type(value) in (bool, int, float, str)
 
 
 def autocast_dtype(device_type: str) -> str | None:

@@ -16,6 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from hiremate.errors import InputMismatchError, InvalidGraphError
+from hiremate.graphbuilder.build import plain_constant
 from hiremate.ir.graph import DataKind, Graph
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ _IGNORED = object()
 
 def _plain(value: Any) -> Any:
     """A plain constant's value (part of a call's signature); None for other objects."""
-    return value if value is None or type(value) in (bool, int, float, str) else None
+    return value if plain_constant(value) else None
 
 
 def _same_constant(value: Any, expected: Any) -> bool:
