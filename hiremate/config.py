@@ -34,7 +34,10 @@ time-limited flat MILP often keeps a poor incumbent that the hierarchy beats); a
 are simulated and the fastest one within the budget is kept. With ``flat_rewarm``, a flat H-ILP
 that proved nothing and that the hierarchy's schedules beat runs once more, warm-started from
 them: within the same work limit, the search then starts from the better schedule instead of
-TW-Remat's. When the hierarchy's top level finds no schedule within the budget (and the budget
+TW-Remat's. When no other flat solver fits the budget, the flat H-ILP's only start would be full
+recomputation, so it does not run first: it runs once, after the hierarchy, warm-started from
+its schedules (``flat_deferred`` in the report).
+When the hierarchy's top level finds no schedule within the budget (and the budget
 is not below the graph's memory floor, where none could), the graph is partitioned again with a
 top at most half as large (the partitioner's ``coarser``), up to ``coarser_tops`` times: the
 top level's parts then hold more of the graph, for the middle composers to schedule inside

@@ -151,3 +151,36 @@ def test_flat_rewarm_starts_the_flat_hilp_from_the_hierarchys_schedule(monkeypat
         report = {}
         _rewarm_flat(graph, budget, cfg, found, report)
         assert not report and all(c.source != "hilp:rewarm" for c in found.candidates)
+
+
+def test_flat_hilp_waits_for_the_hierarchy_when_no_flat_heuristic_fits(monkeypatch):
+    """With ``flat_rewarm``, a flat H-ILP whose only warm start would be full recomputation
+    (no other flat solver fits the budget) is deferred: it runs once, after the hierarchy,
+    warm-started from the other paths' fastest schedules, never slower than the best of them.
+    When a flat heuristic fits, it runs first, cold, as before."""
+    import hiremate.composer.solve as composer_solve
+
+    graph = random_graph(3, 12)
+    calls = []
+    real = composer_solve.flat_candidate
+
+    def spy(name, params, graph, budget, hints=()):
+        calls.append((name, list(hints)))
+        return real(name, params, graph, budget, hints=hints)
+
+    monkeypatch.setattr(composer_solve, "flat_candidate", spy)
+    alone = load_config("hiremate", flat=["hilp"])  # no flat heuristic: nothing fits before it
+    res = solve_graph(graph, 0.85, alone, cache=False, calibrate=0, n_jobs=1)
+    assert [name for name, _ in calls] == ["hilp"]  # once, and warm
+    assert calls[0][1] and res.report["hierarchical_path"]
+    deferred = res.report["flat_deferred"]
+    assert deferred["warm_starts"] == len(calls[0][1])
+    others = [c["time"] for src, c in res.report["candidates"].items()
+              if src != "hilp" and "+" not in src]
+    assert deferred["time"] is not None and deferred["time"] <= min(others) * (1 + 1e-9)
+
+    calls.clear()
+    with_twremat = load_config("hiremate", flat=["hilp", "twremat"])
+    res = solve_graph(graph, 1.0, with_twremat, cache=False, calibrate=0, n_jobs=1)
+    assert [name for name, _ in calls][:2] == ["twremat", "hilp"] and calls[1][1] == []
+    assert "flat_deferred" not in res.report

@@ -153,8 +153,9 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     }
     found = _Paths()
     flat_used = bool(cfg.flat) and len(graph.nodes) <= cfg.flat_max_nodes
+    deferred = False
     if flat_used:
-        _flat_path(graph, budget, cfg, found)
+        deferred = _flat_path(graph, budget, cfg, found)
     # the hierarchical path is skipped only when a flat schedule is known to be the best there
     # is (an H-ILP proof of optimality) or is within hierarchical_above of autodiff's time: a
     # time-limited flat MILP often keeps a poor incumbent that the hierarchy beats
@@ -166,7 +167,9 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
         _hierarchical_path(graph, budget, cfg, cache, found, report)
         if cfg.sequence_top and cfg.partitioner != "sequence":
             _sequence_path(graph, budget, cfg, cache, found, report)
-        if flat_used and cfg.flat_rewarm:
+        if deferred:
+            _deferred_flat_hilp(graph, budget, cfg, found, report)
+        elif flat_used and cfg.flat_rewarm:
             _rewarm_flat(graph, budget, cfg, found, report)
     else:  # the report describes the partition even when the flat path alone decided
         _partition(graph, cfg, report)
@@ -213,18 +216,68 @@ def _cached_solution(graph: Graph, budget: int, hit: Any, pool: Any,
     return SolveResult(best.schedule, best.sim, report)
 
 
-def _flat_path(graph: Graph, budget: int, cfg: Any, found: _Paths) -> None:
-    """Every flat solver of the configuration on the whole graph."""
-    for name in _progress(cfg, cfg.flat, "flat level"):
+def _flat_path(graph: Graph, budget: int, cfg: Any, found: _Paths) -> bool:
+    """Every flat solver of the configuration on the whole graph. With ``flat_rewarm`` (and a
+    hierarchy configured), the flat H-ILP runs after the others, and only when one of them
+    fitted the budget; otherwise it is deferred until the hierarchy's schedules can
+    warm-start it (:func:`_deferred_flat_hilp`), and True is returned."""
+    names = list(cfg.flat)
+    may_defer = cfg.flat_rewarm and "hilp" in names and bool(cfg.bottom and cfg.top)
+    if may_defer:
+        names = [n for n in names if n != "hilp"] + ["hilp"]
+    for name in _progress(cfg, names, "flat level"):
+        if name == "hilp" and may_defer and not found.candidates and _applicable(name, cfg, graph):
+            log.info("flat hilp deferred: no other flat solver fits %s, so its only warm start "
+                     "would be full recomputation", fmt_bytes(budget))
+            return True
         t0 = time.perf_counter()
         cand, low, err = flat_candidate(name, cfg.solver_params.get(name, {}), graph, budget)
         log.info("flat %s: %s in %.2fs", name, "ok" if cand else err, time.perf_counter() - t0)
-        if cand is not None:
-            found.candidates.append(cand)
-        if low is not None:
-            found.mins[f"flat:{name}"] = low
-        if err:
-            found.errors[f"flat:{name}"] = err
+        _record_flat(found, name, cand, low, err)
+    return False
+
+
+def _applicable(name: str, cfg: Any, graph: Graph) -> bool:
+    from hiremate.registry import make_solver
+
+    return make_solver(name, cfg.solver_params.get(name, {})).applicable(graph)
+
+
+def _record_flat(found: _Paths, name: str, cand: Candidate | None, low: int | None,
+                 err: str) -> None:
+    if cand is not None:
+        found.candidates.append(cand)
+    if low is not None:
+        found.mins[f"flat:{name}"] = low
+    if err:
+        found.errors[f"flat:{name}"] = err
+
+
+def _fastest_per_source(candidates: Sequence[Candidate], n: int) -> list[Candidate]:
+    """The fastest candidate of each of the ``n`` fastest sources, fastest first."""
+    first: dict[str, Candidate] = {}
+    for c in sorted(candidates, key=lambda c: (c.sim.time, c.sim.peak, c.source)):
+        first.setdefault(c.source, c)
+    return list(first.values())[:n]
+
+
+def _deferred_flat_hilp(graph: Graph, budget: int, cfg: Any, found: _Paths,
+                        report: dict[str, Any], hints: int = 3) -> None:
+    """The flat H-ILP that :func:`_flat_path` deferred, run once, warm-started from the fastest
+    schedule of each of the ``hints`` fastest sources. Started cold, its only warm start
+    would be full recomputation: the zoo UNet at 0.35 spent its whole work limit (two
+    minutes) near that start, and then :func:`_rewarm_flat` ran it again from the
+    hierarchy's schedule (docs/results.md). This is that second run without the first."""
+    starts = [c.schedule for c in _fastest_per_source(found.candidates, hints)]
+    t0 = time.perf_counter()
+    cand, low, err = flat_candidate("hilp", cfg.solver_params.get("hilp", {}), graph, budget,
+                                    hints=starts)
+    seconds = time.perf_counter() - t0
+    log.info("flat hilp (deferred, %d warm starts): %s in %.2fs", len(starts),
+             "ok" if cand else err, seconds)
+    report["flat_deferred"] = {"seconds": round(seconds, 3), "warm_starts": len(starts),
+                               "time": cand.sim.time if cand is not None else None}
+    _record_flat(found, "hilp", cand, low, err)
 
 
 def _rewarm_flat(graph: Graph, budget: int, cfg: Any, found: _Paths,
@@ -396,10 +449,7 @@ def _polish(graph: Graph, budget: int, cfg: Any, found: _Paths,
     whole-graph local search removes; see :mod:`hiremate.solvers.fastsa.polish`)."""
     from hiremate.registry import make_solver
 
-    first: dict[str, Candidate] = {}
-    for c in sorted(found.candidates, key=lambda c: (c.sim.time, c.sim.peak, c.source)):
-        first.setdefault(c.source, c)
-    starts = list(first.values())[:cfg.polish_from]
+    starts = _fastest_per_source(found.candidates, cfg.polish_from)
     out: list[Candidate] = []
     facts = []
     for name in cfg.polish:
