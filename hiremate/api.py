@@ -45,6 +45,7 @@ from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
 from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.hooks import user_forward_hooks
+from hiremate.runtime.io import in_sample_form, positional_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
@@ -313,6 +314,7 @@ class HRockmate(ModelWrapper):
         self._own("_trainable", (names, tuple(n in captured for n in names)))
         self._own("_trainable_variants", {})
         self._own("_constant_values", {})  # per argument path: values captured again
+        self._own("_positional_sample", positional_sample(built.graph, self._loss_step is not None))
         # the executor is not a registered submodule: the model is not re-registered under it,
         # and the state-dict keys stay the model's
         self._own("executor", built.executor)
@@ -354,7 +356,10 @@ class HRockmate(ModelWrapper):
         left untouched. Called once per input signature by the executor, which keeps the
         result (at most ``max_shapes``, least recently used evicted)."""
         if args and kwargs:  # a sample is positional or keyword arguments, not both
-            raise error
+            raise InputMismatchError(
+                f"{error}. These arguments cannot all be passed by position, and a sample is "
+                "positional or keyword arguments, not both: build the module from a sample "
+                "of keyword arguments (a dict) that includes them") from error
         model = self._runs(self.wrapped_model)
         sample = tuple(args) if args else dict(kwargs)
         live = {id(m) for m in [*self.executor.variants, *self._trainable_variants.values()]}
@@ -421,6 +426,7 @@ class HRockmate(ModelWrapper):
         through the schedule when a backward may follow (autograd on, the training flags as at
         build), else from the model's plain forward."""
         model = self._runs(self.wrapped_model)
+        args, kwargs = self._in_sample_form(args, kwargs)
         if self._loss_step is not None:
             args, kwargs = self._loss_step_inputs(args, kwargs), {}
         if not self._runs_schedule(self.wrapped_model):
@@ -453,6 +459,18 @@ class HRockmate(ModelWrapper):
                 f"now ({shown})"))
             self._trainable_variants[unfrozen] = found
         return found
+
+    def _in_sample_form(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The call's model arguments in the sample's form, positional or keyword
+        (:func:`~hiremate.runtime.io.in_sample_form`); a captured loss's target stays a
+        keyword."""
+        target = {}
+        if self._has_target and TARGET_KEYWORD in kwargs:
+            kwargs = dict(kwargs)
+            target = {TARGET_KEYWORD: kwargs.pop(TARGET_KEYWORD)}
+        args, kwargs = in_sample_form(self.wrapped_model.forward, args, kwargs,
+                                      self._positional_sample)
+        return args, {**kwargs, **target}
 
     def _loss_step_inputs(self, args: tuple, kwargs: dict) -> tuple:
         """A call's arguments as the captured loss step takes them: the model's, and the
@@ -578,3 +596,4 @@ class HRockmate(ModelWrapper):
     def __repr__(self) -> str:
         inner = repr(self.wrapped_model).replace("\n", "\n  ")
         return f"HRockmate(\n  {self.extra_repr()}\n  (model): {inner}\n)"
+

@@ -290,3 +290,80 @@ def test_a_constant_that_takes_many_values_is_named(caplog):
     named = [r for r in caplog.records if "pass it as a tensor" in r.getMessage()]
     assert len(named) == 1 and "scale" in named[0].getMessage()
 
+
+
+class _Masked(nn.Module):
+    """A forward with an optional argument, as Hugging Face models take ``attention_mask``."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(16, 32)
+        self.outer = nn.Linear(32, 8)
+
+    def forward(self, x, mask=None, *, scale=1.0):
+        h = torch.tanh(self.inner(x))
+        if mask is not None:
+            h = h * mask
+        return self.outer(h) * scale
+
+
+def test_arguments_passed_by_keyword_or_by_position_are_the_same_call():
+    """A call that passes by keyword what the sample passed by position (or the other way)
+    runs the sample's schedule: it is the same call to the model. An argument left out takes
+    its default, which is another program, captured once. Outputs and gradients are eager's."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(8, 16), (torch.rand(8, 32) > 0.3).double()
+    model = _Masked().double()
+    reference = copy.deepcopy(model)
+    for sample, calls in (((x.double(), mask), [((x.double(),), {"mask": mask}),
+                                                ((), {"x": x.double(), "mask": mask})]),
+                          ({"x": x.double(), "mask": mask}, [((x.double(), mask), {}),
+                                                             ((x.double(),), {"mask": mask})])):
+        wrapped = HRockmate(model, sample, 1.0, calibrate=0)
+        for args, kwargs in calls:
+            for m in (wrapped, reference):
+                m.zero_grad(set_to_none=True)
+            out = wrapped(*args, **kwargs)
+            out.square().sum().backward()
+            expected = reference(*args, **kwargs)
+            expected.square().sum().backward()
+            assert torch.equal(out, expected)
+            assert_grads_match(wrapped, reference)
+        assert wrapped.recaptures == 0
+    wrapped = HRockmate(model, (x.double(), mask), 1.0, calibrate=0)
+    out = wrapped(x.double())  # mask left out: its default, None, is another program
+    assert wrapped.recaptures == 1 and torch.equal(out, reference(x.double()))
+    with pytest.raises(InputMismatchError, match="scale"):  # keyword-only: not in the sample
+        wrapped(x.double(), mask, scale=2.0)
+
+
+def test_a_captured_loss_takes_its_inputs_by_keyword_too():
+    torch.manual_seed(0)
+    x, mask, y = torch.randn(8, 16).double(), torch.ones(8, 32).double(), torch.randn(8, 8)
+    model = _Masked().double()
+    loss_fn = lambda out, target: (out - target.double()).square().mean()  # noqa: E731
+    wrapped = HRockmate(model, (x, mask), 1.0, loss_fn=loss_fn, target=y, calibrate=0)
+    assert torch.equal(wrapped(x, mask=mask, target=y), loss_fn(model(x, mask), y))
+    assert wrapped.recaptures == 0
+
+
+def test_a_constant_argument_the_sample_did_not_pass_is_not_ignored():
+    """A plain argument that the sample did not pass (``scale=2.0``), or that it passed and a
+    call leaves out (the model's default then applies), changes the program: it is captured
+    again, never run with the sample's program; a bare RematModule refuses it."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(8, 16).double(), torch.ones(8, 32).double()
+    model = _Masked().double()
+    wrapped = HRockmate(model, {"x": x, "mask": mask}, 1.0, calibrate=0)
+    assert torch.equal(wrapped(x, mask, scale=2.0), model(x, mask, scale=2.0))
+    assert wrapped.recaptures == 1
+    scaled = HRockmate(model, {"x": x, "mask": mask, "scale": 2.0}, 1.0, calibrate=0)
+    assert torch.equal(scaled(x, mask), model(x, mask)) and scaled.recaptures == 1
+
+    from hiremate.runtime.executor import RematModule
+
+    for graph, call, match in ((wrapped.graph, {"scale": 3.0}, r"did not pass \[1\]\['scale'\]"),
+                               (scaled.graph, {}, r"missing argument\(s\) \[1\]\['scale'\]")):
+        module = RematModule(model, graph, autodiff_schedule(graph))
+        with pytest.raises(InputMismatchError, match=match):
+            module(x=x, mask=mask, **call)

@@ -8,6 +8,7 @@ tensors (nothing is computed, no random number is drawn, no buffer is written).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from typing import Any
@@ -115,7 +116,15 @@ class InputChecker:
         with_path, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(leaves, spec))
         pos = [i for i, (_, v) in enumerate(with_path) if isinstance(v, torch.Tensor)]
         paths = [pytree.keystr(with_path[i][0]) for i in pos]
-        if paths != self.paths:
+        # every plain constant of the sample was recorded: one at another path is an argument
+        # the sample did not pass (its value would be ignored), and a recorded one missing
+        # takes the model's default instead of the value the program was captured with
+        constants = {pytree.keystr(p) for p, v in with_path
+                     if not isinstance(v, torch.Tensor) and plain_constant(v)}
+        new_constants = sorted(constants - set(self.constants))
+        lost_constants = [p for p, v in self.constants.items()
+                          if v is not _IGNORED and p not in constants]
+        if paths != self.paths or new_constants or lost_constants:
             missing = [p for p in self.paths if p not in paths]
             extra = [p for p in paths if p not in self.paths]
             detail = []
@@ -123,6 +132,10 @@ class InputChecker:
                 detail.append(f"missing tensor input(s) {', '.join(missing)}")
             if extra:
                 detail.append(f"unexpected tensor input(s) {', '.join(extra)}")
+            if lost_constants:
+                detail.append(f"missing argument(s) {', '.join(lost_constants)}")
+            if new_constants:
+                detail.append(f"argument(s) the sample did not pass {', '.join(new_constants)}")
             if not detail:
                 detail.append(f"tensor inputs in the order {paths} instead of {self.paths}")
             raise InputMismatchError(
@@ -260,3 +273,57 @@ class _RuntimeGuard:
                 "again with such inputs (HRockmate does this itself unless configured to "
                 "raise), or make the branch independent of the values (torch.where)"
             )
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def in_sample_form(forward: Any, args: tuple, kwargs: dict,
+                   positional: bool) -> tuple[tuple, dict]:
+    """A call's arguments in the form of the sample's: all positional (``positional``) or all
+    keyword, bound to ``forward``'s signature. ``model(x, mask=m)`` and ``model(x, m)`` are
+    the same call to the model, but the captured program names its inputs by position or by
+    keyword as the sample gave them. An argument omitted between two given ones takes its
+    default. Calls that cannot be put in that form (a keyword-only argument in a positional
+    sample, ``*args`` in a keyword one, or arguments the signature does not bind) are
+    returned as they are, for the input check to name what differs."""
+    if (not kwargs if positional else not args):
+        return args, kwargs
+    try:
+        signature = inspect.signature(forward)
+        given = signature.bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return args, kwargs
+    params = signature.parameters
+    if positional:
+        names = [n for n, p in params.items() if p.kind in _POSITIONAL]
+        if any(n not in names and params[n].kind is not inspect.Parameter.VAR_POSITIONAL
+               for n in given):
+            return args, kwargs
+        last = max((i for i, n in enumerate(names) if n in given), default=-1)
+        out = [given[n] if n in given else params[n].default for n in names[:last + 1]]
+        for n in given:
+            if params[n].kind is inspect.Parameter.VAR_POSITIONAL:
+                out.extend(given[n])
+        return tuple(out), {}
+    out: dict[str, Any] = {}
+    for n, value in given.items():
+        kind = params[n].kind
+        if kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
+            return args, kwargs
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        else:
+            out[n] = value
+    return (), out
+
+
+def positional_sample(graph: Graph, loss_captured: bool) -> bool:
+    """Whether the model's sample was positional arguments (else keyword arguments), read off
+    the key paths of the graph's inputs: ``[0]...`` or ``[1]['name']...`` of ``(args,
+    kwargs)``, inside the loss step's first argument when the loss is captured."""
+    prefix = "[0][0]" if loss_captured else "[0]"
+    keyword = "[0][1]" if loss_captured else "[1]"
+    paths = [p for p in graph.meta.get("input_paths", [])
+             if p.startswith(prefix) or p.startswith(keyword)]
+    return not paths or any(p.startswith(prefix) for p in paths)
