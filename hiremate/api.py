@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,49 +42,20 @@ from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, Infe
                              InputMismatchError)
 from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
-from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.runtime.hooks import user_forward_hooks
 from hiremate.runtime.io import in_sample_form, positional_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
 from hiremate.runtime.preserve import preserved
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
 from hiremate.ir.simulator import simulate
-from hiremate.composer.whole_step import solve_whole_step, step_budget
+from hiremate.composer.whole_step import step_budget
+from hiremate import solving
+from hiremate.solving import Built, solve_graph  # noqa: F401 (solve_graph: this module's API)
 from hiremate.wrapper import ModelWrapper
 
 log = logging.getLogger(__name__)
 
 SAVE_FORMAT = 1
-
-
-def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate",
-                loss_bytes: int = 0, **overrides: Any):
-    """Solve an already captured graph: a :class:`~hiremate.composer.solve.SolveResult` whose
-    whole step, with the random-generator states the executor keeps and ``loss_bytes`` that the
-    user's loss allocates beyond the output gradients (:func:`hiremate.ir.simulator.step_peak`),
-    fits the budget."""
-    from hiremate.composer.solve import solve
-    from hiremate.composer.menu_cache import CallCache, MenuCache
-
-    cfg = load_config(config, **overrides)
-    if isinstance(loss_bytes, bool) or not isinstance(loss_bytes, int) or loss_bytes < 0:
-        raise ConfigError(f"loss_bytes must be a byte count >= 0, got {loss_bytes!r}")
-    nbytes = step_budget(budget, graph, loss_bytes)
-    cache = MenuCache(cfg.cache_dir) if cfg.cache else CallCache()
-    result = solve_whole_step(graph, nbytes, cfg, cache, solve, loss_bytes)
-    result.report["cache_hits"] = cache.hits
-    result.report["cache_misses"] = cache.misses
-    return result
-
-
-@dataclass
-class _Built:
-    """What one capture-and-solve produced for one input signature."""
-
-    graph: Graph
-    schedule: Schedule
-    report: dict[str, Any]
-    executor: Any  # a RematModule, or None when the executor is not installed
 
 
 def _modes(model: torch.nn.Module) -> list[bool]:
@@ -183,7 +153,7 @@ class HRockmate(ModelWrapper):
         self._variant_reports: dict[Any, dict[str, Any]] = {}
 
     def _build(self, model, cfg: Config, sample: Any, budget: int | float | str,
-               graph: Graph | None = None, variant: bool = False) -> _Built:
+               graph: Graph | None = None, variant: bool = False) -> Built:
         """Capture (unless ``graph`` is given), solve, make the executor and calibrate it
         (``variant``: for other inputs than the sample's, see :meth:`_make_executor`)."""
         if graph is None:
@@ -192,13 +162,16 @@ class HRockmate(ModelWrapper):
             graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir)
         loss_bytes = self._loss_bytes(model, graph, sample)
         target = step_budget(budget, graph, loss_bytes)
-        result = solve_graph(graph, target, cfg, loss_bytes=loss_bytes)
-        built = _Built(graph, tuple(result.schedule), dict(result.report),
+        result = solving.solve_graph(graph, target, cfg, loss_bytes=loss_bytes)
+        built = Built(graph, tuple(result.schedule), dict(result.report),
                        self._make_executor(model, graph, tuple(result.schedule), cfg, sample,
                                            variant))
         if built.executor is not None and cfg.calibrate and sample is not None:
-            built = self._calibrate(model, built, sample, target, cfg,
-                                    result.report["solve_time"], variant)
+            built = solving.calibrate(
+                built, sample, target, cfg, result.report["solve_time"],
+                lambda schedule: self._make_executor(model, graph, schedule, cfg, sample,
+                                                     variant),
+                None if self._loss_step is not None else self._loss_fn)
         return built
 
     def _runs(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -219,61 +192,6 @@ class HRockmate(ModelWrapper):
         from hiremate.runtime.measurement import loss_memory
 
         return int(loss_memory(model, sample, self._loss_fn, grads))
-
-    def _calibrate(self, model, first: _Built, sample: Any, budget: int, cfg: Config,
-                   solve_time: float, variant: bool, tolerance: float = 0.02) -> _Built:
-        """Measure the executor once; while its peak is above the budget (by more than
-        ``tolerance``: the cost model missed some memory, e.g. temporaries or allocator
-        rounding), solve again with the budget lowered by the excess (or, when that is out of
-        the solvers' reach, at the lowest budget they are known to meet), at most
-        ``cfg.calibrate`` times. The schedule kept is the fastest (predicted) one whose measured
-        peak fits, else the one that measured lowest. The report keeps the user's budget."""
-        from hiremate.runtime.measurement import measure
-
-        args, kwargs = normalise_sample(sample)
-        graph = first.graph
-        start = time.perf_counter()
-        limit = budget * (1 + tolerance)
-        target = budget
-        loss_fn = None if self._loss_step is not None else self._loss_fn
-        tried = [(first, measure(first.executor, *args, loss_fn=loss_fn, repeats=1, warmup=0,
-                                 **kwargs).peak)]
-        for _ in range(cfg.calibrate):
-            measured = tried[-1][1]
-            if measured <= limit:
-                break
-            target = target - (measured - budget)
-            try:
-                result = solve_graph(graph, target, cfg, loss_bytes=first.report["loss_bytes"])
-            except InfeasibleBudgetError as exc:
-                # the lowered budget is out of reach; the lowest budget the solvers are known
-                # to meet still lowers the peak, when it is below the last one tried
-                low = exc.min_budget
-                if low is None or low >= tried[-1][0].report["budget"]:
-                    break
-                target = int(low)
-                try:
-                    result = solve_graph(graph, target, cfg,
-                                         loss_bytes=first.report["loss_bytes"])
-                except InfeasibleBudgetError:
-                    break
-            solve_time += result.report["solve_time"]
-            schedule = tuple(result.schedule)
-            if any(schedule == t[0].schedule for t in tried):
-                break
-            built = _Built(graph, schedule, dict(result.report),
-                           self._make_executor(model, graph, schedule, cfg, sample, variant))
-            tried.append((built, measure(built.executor, *args, loss_fn=loss_fn, repeats=1,
-                                         warmup=0, **kwargs).peak))
-        fits = [t for t in tried if t[1] <= limit]
-        best, peak = (min(fits, key=lambda t: t[0].report["predicted_time"]) if fits
-                      else min(tried, key=lambda t: t[1]))
-        best.report.update(
-            budget=budget, solve_time=solve_time, measured_peak=peak,
-            calibration=[(t[0].report["budget"], t[0].report["predicted_peak"], t[1])
-                         for t in tried],
-            calibration_time=time.perf_counter() - start)
-        return best
 
     @classmethod
     def from_graph(cls, model: torch.nn.Module, graph: Graph, budget: int | float | str,
@@ -298,7 +216,7 @@ class HRockmate(ModelWrapper):
         return self
 
     # -- construction ---------------------------------------------------------------------------
-    def _adopt(self, model: torch.nn.Module, built: _Built, cfg: Config,
+    def _adopt(self, model: torch.nn.Module, built: Built, cfg: Config,
                modes: list[bool] | None = None) -> None:
         """Make ``built`` (the sample's) the module's graph, schedule, report and executor, and
         wrap ``model`` (``modes``: the training flags the graph was captured with, by default
@@ -585,7 +503,7 @@ class HRockmate(ModelWrapper):
         modes = ([bool(m) for m in modes]
                  if isinstance(modes, list) and len(modes) == len(_modes(model)) else None)
         executor = self._make_executor(self._runs(model), graph, tuple(schedule), cfg)
-        self._adopt(model, _Built(graph, tuple(schedule), report, executor), cfg, modes)
+        self._adopt(model, Built(graph, tuple(schedule), report, executor), cfg, modes)
         return self
 
     def extra_repr(self) -> str:

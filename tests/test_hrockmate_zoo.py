@@ -211,14 +211,14 @@ def test_calibration_falls_back_to_the_lowest_budget_the_solvers_meet(monkeypatc
     error's ``min_budget``) instead of giving up with the over-budget schedule."""
     import types
 
-    import hiremate.api as api
     import hiremate.runtime.measurement as measurement
+    import hiremate.solving as solving
 
     model, sample = zoo.get("mlp", dtype=torch.float64)
     graph = hiremate.build_graph(model, sample)
     ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).peak
     budget, low = int(0.6 * ad), int(0.5 * ad)
-    real_solve = api.solve_graph
+    real_solve = solving.solve_graph
     asked: list[int] = []
 
     def solve(g, b, config="hiremate", **kw):
@@ -231,7 +231,7 @@ def test_calibration_falls_back_to_the_lowest_budget_the_solvers_meet(monkeypatc
         peak = hiremate.simulate(graph, module.schedule).peak
         return types.SimpleNamespace(peak=int(1.2 * peak))
 
-    monkeypatch.setattr(api, "solve_graph", solve)
+    monkeypatch.setattr(solving, "solve_graph", solve)
     monkeypatch.setattr(measurement, "measure", measure)
     remat = HRockmate.from_graph(model, graph, budget, sample=sample, cache=False, **FAST)
     rep = remat.report()
