@@ -39,7 +39,7 @@ import torch.utils._pytree as pytree
 from hiremate.ir.budget import resolve_budget
 from hiremate.config import Config, load_config
 from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
-                             InputMismatchError)
+                             InputMismatchError, ModelChangedError)
 from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
 from hiremate.runtime.hooks import user_forward_hooks
@@ -148,6 +148,7 @@ class HRockmate(ModelWrapper):
         self._own("_loss_step", step)
         self._has_target = target is not None
         self.recaptures = 0
+        self.rebuilds = 0  # captures again after the model changed
         # keyed by the module itself (hashed by identity), so that copies and pickles of this
         # module keep each report with its copied variant
         self._variant_reports: dict[Any, dict[str, Any]] = {}
@@ -278,21 +279,13 @@ class HRockmate(ModelWrapper):
                 f"{error}. These arguments cannot all be passed by position, and a sample is "
                 "positional or keyword arguments, not both: build the module from a sample "
                 "of keyword arguments (a dict) that includes them") from error
-        model = self._runs(self.wrapped_model)
-        sample = tuple(args) if args else dict(kwargs)
         live = {id(m) for m in [*self.executor.variants, *self._trainable_variants.values()]}
         self._variant_reports = {m: r for m, r in self._variant_reports.items() if id(m) in live}
         log.info("%s; capturing and solving for these inputs (budget %r)", error,
                  self._budget_arg)
         start = time.perf_counter()
         try:
-            # a call under no_grad or inference_mode still builds a module that can train;
-            # tensors made in inference mode cannot be traced, their copies can
-            with torch.inference_mode(False), torch.enable_grad(), preserved(model):
-                sample = pytree.tree_map_only(
-                    torch.Tensor, lambda t: t.clone() if t.is_inference() else t, sample)
-                built = self._build(model, self.hiremate_config, sample, self._budget_arg,
-                                    variant=True)
+            built = self._build_for_call(args, kwargs, variant=True)
         except InfeasibleBudgetError as exc:
             raise InfeasibleBudgetError(
                 f"new inputs ({error}) were captured again, but: {exc}",
@@ -324,6 +317,36 @@ class HRockmate(ModelWrapper):
         log.info("built a module for the new inputs in %.2fs (budget %s bytes)",
                  built.report["recapture_time"], built.report.get("budget"))
         return built.executor
+
+    def _build_for_call(self, args: tuple, kwargs: dict, variant: bool) -> Built:
+        """Capture and solve the model with a call's arguments as the sample, the model left
+        untouched. A call under no_grad or inference_mode still builds a module that can
+        train; tensors made in inference mode cannot be traced, their copies can."""
+        model = self._runs(self.wrapped_model)
+        sample = tuple(args) if args else dict(kwargs)
+        with torch.inference_mode(False), torch.enable_grad(), preserved(model):
+            sample = pytree.tree_map_only(
+                torch.Tensor, lambda t: t.clone() if t.is_inference() else t, sample)
+            return self._build(model, self.hiremate_config, sample, self._budget_arg,
+                               variant=variant)
+
+    def _rebuild(self, args: tuple, kwargs: dict, change: str) -> None:
+        """Capture and solve the model again after it changed (:mod:`hiremate.runtime.
+        structure`), from this call's arguments, and make that the module's graph, schedule
+        and executor; what was built for other inputs or trainable sets is dropped."""
+        if args and kwargs:
+            raise ModelChangedError(
+                f"the model changed after this module was built ({change}), and this call's "
+                "arguments cannot serve as a sample (positional and keyword at once): build "
+                "the module again from the changed model")
+        log.warning("%s changed after this module was built (%s): capturing and solving it "
+                    "again (budget %r)", type(self.wrapped_model).__name__, change,
+                    self._budget_arg)
+        built = self._build_for_call(args, kwargs, variant=False)
+        built.report["loss_captured"] = self._loss_step is not None
+        self._adopt(self.wrapped_model, built, self.hiremate_config)
+        self._variant_reports = {}
+        self.rebuilds += 1
 
     def variants(self) -> list[dict[str, Any]]:
         """The modules built for other inputs than the sample's, least recently used first:
@@ -359,6 +382,9 @@ class HRockmate(ModelWrapper):
         trainable now (a backbone unfrozen after some epochs) has no gradient in the graph, so
         it is captured and solved again, once per set of such parameters, as for new inputs;
         a parameter frozen since the build only has its gradient dropped, as eager leaves it."""
+        change = self.executor.model_change()
+        if change is not None:
+            self._rebuild(args, kwargs, change)
         names, at_build = self._trainable
         # read at every call (parameters may be replaced: load_state_dict(assign=True))
         flags = tuple(p.requires_grad for p in self._runs(self.wrapped_model).parameters())

@@ -75,6 +75,12 @@ class ExecutionError(HiremateError, RuntimeError):
     backward) failed for a reason the caller can fix."""
 
 
+class ModelChangedError(ExecutionError):
+    """The model's modules or the shapes of its parameters or buffers changed after the graph
+    was captured: the captured program is no longer the model's (``HRockmate`` captures again;
+    a bare ``RematModule`` raises)."""
+
+
 class DoubleBackwardError(ExecutionError):
     """Backward through a RematModule was asked to build a graph (``create_graph=True``)."""
 

@@ -59,7 +59,7 @@ def test_every_error_is_a_hiremate_error_and_a_builtin_one():
     (errors.FormatError, ValueError), (errors.SolverError, RuntimeError),
     (errors.GraphCaptureError, RuntimeError), (errors.ExecutionError, RuntimeError),
     (errors.BackwardTwiceError, RuntimeError), (errors.DoubleBackwardError, RuntimeError),
-    (errors.ModifiedInPlaceError, RuntimeError),
+    (errors.ModifiedInPlaceError, RuntimeError), (errors.ModelChangedError, RuntimeError),
 ])
 def test_error_bases(cls, builtin):
     assert issubclass(cls, builtin)

@@ -31,11 +31,13 @@ from hiremate.errors import (
     DoubleBackwardError,
     InputMismatchError,
     InvalidGraphError,
+    ModelChangedError,
     ModifiedInPlaceError,
 )
 from hiremate.runtime.codegen import Program, generate, generate_inference
 from hiremate.runtime.io import InputChecker, derive_output_spec
 from hiremate.runtime.rng import CallState
+from hiremate.runtime import structure
 from hiremate.runtime.grad_reach import tangents_reaching
 from hiremate.ir.graph import Graph
 from hiremate.graphbuilder.encode import decode_arg
@@ -82,9 +84,12 @@ class RematModule(torch.nn.Module):
         self._input_rg: list[bool] = meta.get("input_requires_grad", [])
         self._tangent_for_output: list[int] = meta.get("tangent_for_output", [])
         self._out_values: list[Any] = meta.get("output_values", [])
-        self._param_slots = self._slots(self._param_names, "param")
-        self._frozen_slots = self._slots(self._frozen_names, "param")
-        self._buffer_slots = self._slots(self._buffer_names, "buffer")
+        self._resolve_slots()
+        # the model as captured, checked again when some module anywhere registered something
+        structure.watch()
+        self._seen_generation = structure.generation()
+        self._containers = structure.containers(model)
+        self._fingerprint = structure.fingerprint(model)
         self._checker = InputChecker(graph)
         self._out_spec: Any = None
         self._programs: dict[torch.device, tuple[Program, Program]] = {}
@@ -150,6 +155,28 @@ class RematModule(torch.nn.Module):
             slots.append((table, attr))
         return slots
 
+    def _resolve_slots(self) -> None:
+        self._param_slots = self._slots(self._param_names, "param")
+        self._frozen_slots = self._slots(self._frozen_names, "param")
+        self._buffer_slots = self._slots(self._buffer_names, "buffer")
+
+    def model_change(self) -> str | None:
+        """What changed in the model since the graph was captured (modules added, removed or
+        with other settings; parameters or buffers of other shapes), or None
+        (:mod:`hiremate.runtime.structure`). Costs one comparison unless something was
+        registered since the last look (or a container's length changed); a module replaced by
+        an equal one (a head of the same shape) is then read from its new owner."""
+        if (structure.generation() == self._seen_generation
+                and not structure.resized(self._containers)):
+            return None
+        now = structure.fingerprint(self.model)
+        if now != self._fingerprint:
+            return structure.describe_change(self._fingerprint, now)
+        self._resolve_slots()
+        self._seen_generation = structure.generation()
+        self._containers = structure.containers(self.model)
+        return None
+
     def _lookup(self, slots: list[tuple[dict, str]]) -> list[torch.Tensor]:
         return [table[attr] for table, attr in slots]
 
@@ -170,6 +197,12 @@ class RematModule(torch.nn.Module):
 
     # -- call --------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        change = self.model_change()
+        if change is not None:
+            raise ModelChangedError(
+                f"the model changed after its graph was captured ({change}): this module "
+                "would run the old program; build it again from the changed model (HRockmate "
+                "does so by itself)")
         leaves, spec = pytree.tree_flatten((args, kwargs))
         try:
             inputs = self._checker.check(leaves, spec)
@@ -237,6 +270,7 @@ class RematModule(torch.nn.Module):
         # generated functions do not pickle; they are made again on the first call
         state = self.__dict__.copy()
         state["_programs"], state["_inference"] = {}, {}
+        state["_seen_generation"] = -1  # another process counts registrations anew
         return state
 
     def extra_repr(self) -> str:

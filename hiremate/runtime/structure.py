@@ -1,0 +1,113 @@
+"""Noticing that a model was changed after its graph was captured.
+
+A captured graph is the program of the model as it was: its modules, their settings, the
+shapes of their parameters and buffers. Training code changes models in place: a new
+classification head for fine-tuning (``model.fc = nn.Linear(...)``), an adapter inserted, an
+embedding resized. The executor reads parameters through their owners' tables, so a module
+replaced after the build would leave it running the old module's parameters, silently.
+
+Checking the whole model at every call costs a walk over its modules. Instead, torch's global
+registration hooks (every ``register_module``/``register_parameter``/``register_buffer``,
+which attribute assignment goes through) bump a counter, and a module compares its
+:func:`fingerprint` only when the counter moved since its last look: a call costs one integer
+comparison while nothing is registered anywhere. ``insert`` into and ``del`` from a
+``Sequential``, ``ModuleList`` or ``ModuleDict`` edit the container's table without
+registering, so each call also compares those containers' lengths (:func:`containers`).
+
+What is compared: each submodule's path, class and ``extra_repr()`` (torch's modules print
+their settings there: a convolution's stride and padding, dropout's ``p``), and each
+parameter's and buffer's path, shape and dtype. Settings changed by assigning a plain attribute
+of a module (``model.drop.p = 0.5``) register nothing, so they are not noticed: build again
+after such a change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_generation = 0
+_installed = False
+
+
+def _bump(*_args: Any) -> None:
+    global _generation
+    _generation += 1
+
+
+def watch() -> None:
+    """Install the registration hooks (once per process)."""
+    global _installed
+    if _installed:
+        return
+    from torch.nn.modules import module as nn_module
+
+    nn_module.register_module_module_registration_hook(_bump)
+    nn_module.register_module_parameter_registration_hook(_bump)
+    nn_module.register_module_buffer_registration_hook(_bump)
+    _installed = True
+
+
+def generation() -> int:
+    """How many modules, parameters and buffers have been registered since :func:`watch`."""
+    return _generation
+
+
+def fingerprint(model: torch.nn.Module) -> tuple:
+    """What of ``model`` its captured program depends on, beyond parameter values (module
+    docstring)."""
+    modules = tuple((name, type(m).__qualname__, _settings(m))
+                    for name, m in model.named_modules())
+    tensors = tuple((kind, name, tuple(t.shape), t.dtype)
+                    for kind, named in (("parameter", model.named_parameters()),
+                                        ("buffer", model.named_buffers()))
+                    for name, t in named if t is not None)
+    return modules, tensors
+
+
+_CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def containers(model: torch.nn.Module) -> tuple[tuple[torch.nn.Module, int], ...]:
+    """Each container module of ``model`` with its length now."""
+    return tuple((m, len(m._modules)) for m in model.modules() if isinstance(m, _CONTAINERS))
+
+
+def resized(seen: tuple[tuple[torch.nn.Module, int], ...]) -> bool:
+    """Whether a container of :func:`containers` has another length now."""
+    return any(len(m._modules) != n for m, n in seen)
+
+
+def _settings(module: torch.nn.Module) -> str:
+    try:
+        return module.extra_repr()
+    except Exception:  # noqa: BLE001 - a user's extra_repr may fail on a changed module
+        return "?"
+
+
+def describe_change(before: tuple, after: tuple, limit: int = 3) -> str:
+    """What differs between two fingerprints, in words (at most ``limit`` items per kind)."""
+    parts = []
+    old_modules = {name: rest for name, *rest in before[0]}
+    new_modules = {name: rest for name, *rest in after[0]}
+    for label, names in (
+            ("modules added", [n for n in new_modules if n not in old_modules]),
+            ("modules removed", [n for n in old_modules if n not in new_modules]),
+            ("modules changed", [n for n in new_modules
+                                 if n in old_modules and new_modules[n] != old_modules[n]])):
+        if names:
+            shown = ", ".join(repr(n or "(the model)") for n in names[:limit])
+            parts.append(f"{label}: {shown}{', ...' if len(names) > limit else ''}")
+    old_tensors = {(k, n): (s, d) for k, n, s, d in before[1]}
+    new_tensors = {(k, n): (s, d) for k, n, s, d in after[1]}
+    changed = [f"{k} {n!r} {tuple(old_tensors[k, n][0])} -> {tuple(s)}"
+               for (k, n), (s, d) in new_tensors.items()
+               if (k, n) in old_tensors and old_tensors[k, n] != (s, d)]
+    added = [f"{k} {n!r}" for k, n in new_tensors if (k, n) not in old_tensors]
+    removed = [f"{k} {n!r}" for k, n in old_tensors if (k, n) not in new_tensors]
+    for label, items in (("changed", changed), ("added", added), ("removed", removed)):
+        if items:
+            parts.append(f"{label}: {', '.join(items[:limit])}"
+                         f"{', ...' if len(items) > limit else ''}")
+    return "; ".join(parts) or "its structure"

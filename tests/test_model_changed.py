@@ -1,0 +1,107 @@
+"""A model changed after its wrapper was built: a module replaced (a new head for
+fine-tuning), one with other settings, parameters of other shapes. The captured program is
+then not the model's; the wrapper must notice (:mod:`hiremate.runtime.structure`) rather than
+run the old program or the old module's parameters. Outputs and gradients against eager's."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from hiremate import HRockmate
+from hiremate.errors import ModelChangedError
+from hiremate.ir.simulator import autodiff_schedule
+from hiremate.runtime import structure
+from hiremate.runtime.executor import RematModule
+from test_model_untouched import assert_grads_match
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(12, 24), nn.GELU(), nn.Linear(24, 24), nn.GELU(),
+                         nn.Linear(24, 5)).double()
+
+
+def _same_step(wrapped: nn.Module, model: nn.Module, x: torch.Tensor) -> None:
+    """One step of the wrapper and of eager on a copy of the model as it is now."""
+    eager = copy.deepcopy(model)
+    for m in (wrapped, eager):
+        m.zero_grad(set_to_none=True)
+    out = wrapped(x)
+    out.square().sum().backward()
+    expected = eager(x)
+    expected.square().sum().backward()
+    assert torch.equal(out, expected)
+    assert_grads_match(wrapped, eager)
+
+
+@pytest.fixture
+def x() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(6, 12, dtype=torch.float64)
+
+
+def test_a_head_replaced_by_one_of_the_same_shape_is_read_from_its_new_owner(x):
+    model = _net()
+    wrapped = HRockmate(model, x, 1.0, calibrate=0)
+    model[4] = nn.Linear(24, 5).double()  # before: the old head's parameters ran, silently
+    _same_step(wrapped, model, x)
+    assert wrapped.rebuilds == 0 and wrapped.recaptures == 0
+
+
+@pytest.mark.parametrize("change", ["other shape", "other setting", "inserted", "removed"])
+def test_a_changed_model_is_captured_again(x, change):
+    model = _net()
+    wrapped = HRockmate(model, x, 1.0, calibrate=0)
+    if change == "other shape":
+        model[4] = nn.Linear(24, 3).double()
+    elif change == "other setting":
+        model[1] = nn.GELU(approximate="tanh")  # same shapes, another program
+    elif change == "inserted":  # Sequential.insert registers nothing: seen by its length
+        model.insert(2, nn.Linear(24, 24).double())
+    else:
+        del model[3]
+    _same_step(wrapped, model, x)
+    _same_step(wrapped, model, x)
+    assert wrapped.rebuilds == 1
+    assert wrapped.schedule == wrapped.executor.schedule
+
+
+def test_the_executor_alone_refuses_a_changed_model(x):
+    model = _net()
+    wrapped = HRockmate(model, x, 1.0, calibrate=0)
+    module = RematModule(model, wrapped.graph, autodiff_schedule(wrapped.graph))
+    model[4] = nn.Linear(24, 3).double()
+    with pytest.raises(ModelChangedError, match=r"modules changed: '4'.*parameter '4.weight' "
+                                                r"\(5, 24\) -> \(3, 24\)"):
+        module(x)
+
+
+def test_nothing_registered_costs_no_walk(x, monkeypatch):
+    """A call looks at the model only when some module registered something since its last
+    look; a pickled module looks once after loading (another process counts anew)."""
+    model = _net()
+    wrapped = HRockmate(model, x, 1.0, calibrate=0)
+    module = wrapped.executor
+    module(x)
+    walks = []
+    real = structure.fingerprint
+    monkeypatch.setattr(structure, "fingerprint", lambda m: walks.append(1) or real(m))
+    module(x)
+    module(x)
+    assert walks == []
+    nn.Linear(2, 2)  # any registration anywhere: the next call looks once
+    module(x)
+    module(x)
+    assert walks == [1]
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    loaded(x)
+    assert walks == [1, 1]
+    assert pickle.loads(pickle.dumps(module))._seen_generation == -1
