@@ -27,6 +27,7 @@ than the build's runs the plain forward: build inside the autocast context train
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -56,6 +57,21 @@ from hiremate.wrapper import ModelWrapper
 log = logging.getLogger(__name__)
 
 SAVE_FORMAT = 1
+
+
+def _trainable_build() -> contextlib.ExitStack:
+    """Autograd on and inference mode off while building: a wrapper built (or captured again)
+    under ``no_grad`` or ``inference_mode`` is still made for training."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode(False))
+    stack.enter_context(torch.enable_grad())
+    return stack
+
+
+def _traceable(sample: Any) -> Any:
+    """``sample`` with its inference-mode tensors copied: those cannot be traced, copies can."""
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.clone() if t.is_inference() else t,
+                                sample)
 
 
 def _modes(model: torch.nn.Module) -> list[bool]:
@@ -117,8 +133,8 @@ class HRockmate(ModelWrapper):
             sample = step.step_inputs(sample, target)
         runs = self._runs(model)
         try:
-            with preserved(runs):
-                built = self._build(runs, cfg, sample, budget)
+            with _trainable_build(), preserved(runs):
+                built = self._build(runs, cfg, _traceable(sample), budget)
         except GraphCaptureError as exc:
             if step is not None and step.output_error is not None:
                 raise step.output_error from exc
@@ -320,15 +336,12 @@ class HRockmate(ModelWrapper):
 
     def _build_for_call(self, args: tuple, kwargs: dict, variant: bool) -> Built:
         """Capture and solve the model with a call's arguments as the sample, the model left
-        untouched. A call under no_grad or inference_mode still builds a module that can
-        train; tensors made in inference mode cannot be traced, their copies can."""
+        untouched (a call under no_grad or inference_mode too: :func:`_trainable_build`)."""
         model = self._runs(self.wrapped_model)
         sample = tuple(args) if args else dict(kwargs)
-        with torch.inference_mode(False), torch.enable_grad(), preserved(model):
-            sample = pytree.tree_map_only(
-                torch.Tensor, lambda t: t.clone() if t.is_inference() else t, sample)
-            return self._build(model, self.hiremate_config, sample, self._budget_arg,
-                               variant=variant)
+        with _trainable_build(), preserved(model):
+            return self._build(model, self.hiremate_config, _traceable(sample),
+                               self._budget_arg, variant=variant)
 
     def _rebuild(self, args: tuple, kwargs: dict, change: str) -> None:
         """Capture and solve the model again after it changed (:mod:`hiremate.runtime.

@@ -74,6 +74,8 @@ def calibrate(first: Built, sample: Any, budget: int, cfg: Config, solve_time: f
         if measured <= limit:
             break
         target = target - (measured - budget)
+        if target < 1:  # the excess is the allocator's rounding of a near-empty step
+            break
         try:
             result = solve_graph(graph, target, cfg, loss_bytes=first.report["loss_bytes"])
         except InfeasibleBudgetError as exc:

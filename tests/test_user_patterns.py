@@ -189,3 +189,46 @@ def test_a_user_pattern_trains_as_eager(name):
         assert (a.grad is None) == (b.grad is None)
         if a.grad is not None:
             assert torch.equal(a.grad, b.grad)
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(),
+                         nn.Linear(32, 4)).double()
+
+
+def _trains_like_eager(wrapped: nn.Module, eager: nn.Module, x: torch.Tensor) -> None:
+    out, expected = wrapped(x), eager(x)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    assert torch.equal(out, expected)
+    for p, q in zip(wrapped.parameters(), eager.parameters()):
+        assert torch.equal(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("where", ["no_grad", "inference_mode"])
+def test_a_wrapper_built_without_autograd_still_trains(where):
+    """Built inside ``torch.no_grad()`` (an evaluation helper, a decorated setup) or from a
+    sample made under ``inference_mode``: before, the capture failed (no output needed a
+    gradient; inference tensors cannot be saved for backward)."""
+    torch.manual_seed(0)
+    model = _mlp()
+    eager = copy.deepcopy(model)
+    x = torch.randn(8, 16, dtype=torch.float64)
+    if where == "no_grad":
+        with torch.no_grad():
+            wrapped = HRockmate(model, x, 1.0)
+    else:
+        with torch.inference_mode():
+            sample = torch.randn(8, 16, dtype=torch.float64)
+        wrapped = HRockmate(model, sample, 1.0)
+    _trains_like_eager(wrapped, eager, x)
+
+
+def test_an_empty_batch_trains_like_eager():
+    """A batch of zero rows holds nothing to schedule: before, its calibration lowered the
+    one-byte budget below zero and raised ``ConfigError`` on a call eager runs."""
+    torch.manual_seed(0)
+    model = _mlp()
+    eager = copy.deepcopy(model)
+    wrapped = HRockmate(model, torch.randn(8, 16, dtype=torch.float64), 0.8)
+    _trains_like_eager(wrapped, eager, torch.randn(0, 16, dtype=torch.float64))
