@@ -40,9 +40,10 @@ import torch.utils._pytree as pytree
 from hiremate.ir.budget import resolve_budget
 from hiremate.config import Config, load_config
 from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
-                             InputMismatchError, ModelChangedError)
+                             InputMismatchError, InvalidGraphError, ModelChangedError)
 from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
+from hiremate.runtime import structure
 from hiremate.runtime.hooks import user_forward_hooks
 from hiremate.runtime.io import in_sample_form, positional_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
@@ -72,6 +73,22 @@ def _traceable(sample: Any) -> Any:
     """``sample`` with its inference-mode tensors copied: those cannot be traced, copies can."""
     return pytree.tree_map_only(torch.Tensor, lambda t: t.clone() if t.is_inference() else t,
                                 sample)
+
+
+def _check_saved_model(saved: Any, model: torch.nn.Module, path: Any) -> None:
+    """Raise :class:`InvalidGraphError` when ``model`` is not the model :meth:`HRockmate.save`
+    saved the schedule of (its modules, their settings, its parameter and buffer shapes): the
+    program would run on another model's parameters, or leave out its other layers."""
+    if saved is None:  # a file saved before the model was recorded
+        log.warning("%s does not record the model it was saved for; loading it on a model of "
+                    "another architecture would run the saved one's program", path)
+        return
+    now = structure.fingerprint(model)
+    if structure.from_json(saved) != now:
+        raise InvalidGraphError(
+            f"{path} holds the schedule of another model than this one "
+            f"({structure.describe_change(structure.from_json(saved), now)}); load it on the "
+            "model it was saved for, or build HRockmate(model, sample, budget) for this one")
 
 
 def _modes(model: torch.nn.Module) -> list[bool]:
@@ -504,14 +521,16 @@ class HRockmate(ModelWrapper):
             "config": self.hiremate_config.to_dict(), "budget_arg": self._budget_arg,
             "training_modes": list(self._built_modes),
             "loss": None if self._loss_step is None else {"target": self._has_target},
+            "model": structure.to_json(self.executor.captured_fingerprint),
         }
         Path(path).write_text(json.dumps(payload, default=float))
 
     @classmethod
     def load(cls, model: torch.nn.Module, path: str | Path,
              loss_fn: Callable[..., torch.Tensor] | None = None) -> "HRockmate":
-        """Rebuild from :meth:`save`'s file on ``model`` (same architecture): no capture, no
-        solving; the schedule is checked with the simulator. A module saved with a captured
+        """Rebuild from :meth:`save`'s file on ``model`` (same architecture, checked against
+        the one saved: :func:`_check_saved_model`): no capture, no solving; the schedule is
+        checked with the simulator. A module saved with a captured
         loss needs that ``loss_fn`` again (functions are not saved)."""
         try:
             payload = json.loads(Path(path).read_text())
@@ -537,6 +556,7 @@ class HRockmate(ModelWrapper):
         # files saved before "budget_arg" existed: their budget in bytes (kept for new shapes)
         self._init_state(payload.get("budget_arg", report.get("budget")), loss_fn, model,
                          True if loss and loss.get("target") else None, loss is not None)
+        _check_saved_model(payload.get("model"), self._runs(model), path)
         modes = payload.get("training_modes")
         # the flags the graph was captured with, where the file has them for this architecture
         modes = ([bool(m) for m in modes]

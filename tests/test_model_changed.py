@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import pickle
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from hiremate import HRockmate
-from hiremate.errors import ModelChangedError
+from hiremate.errors import InvalidGraphError, ModelChangedError
 from hiremate.ir.simulator import autodiff_schedule
 from hiremate.runtime import structure
 from hiremate.runtime.executor import RematModule
@@ -105,3 +106,27 @@ def test_nothing_registered_costs_no_walk(x, monkeypatch):
     loaded(x)
     assert walks == [1, 1]
     assert pickle.loads(pickle.dumps(module))._seen_generation == -1
+
+
+def test_a_saved_schedule_loads_only_on_the_model_it_was_saved_for(x, tmp_path, caplog):
+    """``HRockmate.load`` on a model of another architecture ran the saved program: with
+    another activation, or a layer more, silently other outputs than the model's."""
+    model = _net()
+    path = tmp_path / "saved.json"
+    HRockmate(model, x, 1.0, calibrate=0).save(path)
+    same = _net()
+    _same_step(HRockmate.load(same, path), same, x)
+    other_activation = _net()
+    other_activation[1] = nn.ReLU()
+    longer = nn.Sequential(*_net(), nn.Tanh())
+    for other, match in ((other_activation, "modules changed: '1'"),
+                         (longer, "modules added: '5'"), (_net().float(), "float32")):
+        with pytest.raises(InvalidGraphError, match=match):
+            HRockmate.load(other, path)
+    payload = json.loads(path.read_text())
+    del payload["model"]  # a file saved before the model was recorded: loaded, with a warning
+    path.write_text(json.dumps(payload))
+    with caplog.at_level("WARNING", logger="hiremate"):
+        HRockmate.load(_net(), path)
+    assert any("does not record the model" in r.getMessage() for r in caplog.records
+               if r.name.startswith("hiremate"))

@@ -160,6 +160,12 @@ class RematModule(torch.nn.Module):
         self._frozen_slots = self._slots(self._frozen_names, "param")
         self._buffer_slots = self._slots(self._buffer_names, "buffer")
 
+    @property
+    def captured_fingerprint(self) -> tuple:
+        """The :func:`~hiremate.runtime.structure.fingerprint` of the model this module was
+        made for."""
+        return self._fingerprint
+
     def model_change(self) -> str | None:
         """What changed in the model since the graph was captured (modules added, removed or
         with other settings; parameters or buffers of other shapes), or None

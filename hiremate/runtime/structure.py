@@ -79,6 +79,22 @@ def resized(seen: tuple[tuple[torch.nn.Module, int], ...]) -> bool:
     return any(len(m._modules) != n for m, n in seen)
 
 
+def to_json(print_: tuple) -> list:
+    """A :func:`fingerprint` as JSON data (saved beside a schedule)."""
+    modules, tensors = print_
+    return [[list(m) for m in modules],
+            [[kind, name, list(shape), str(dtype).removeprefix("torch.")]
+             for kind, name, shape, dtype in tensors]]
+
+
+def from_json(data: Any) -> tuple:
+    """The :func:`fingerprint` of :func:`to_json`'s data, comparable with one made now."""
+    modules, tensors = data
+    return (tuple((str(n), str(c), str(s)) for n, c, s in modules),
+            tuple((str(k), str(n), tuple(int(d) for d in shape), getattr(torch, str(dt)))
+                  for k, n, shape, dt in tensors))
+
+
 def _settings(module: torch.nn.Module) -> str:
     try:
         return module.extra_repr()
@@ -101,7 +117,7 @@ def describe_change(before: tuple, after: tuple, limit: int = 3) -> str:
             parts.append(f"{label}: {shown}{', ...' if len(names) > limit else ''}")
     old_tensors = {(k, n): (s, d) for k, n, s, d in before[1]}
     new_tensors = {(k, n): (s, d) for k, n, s, d in after[1]}
-    changed = [f"{k} {n!r} {tuple(old_tensors[k, n][0])} -> {tuple(s)}"
+    changed = [f"{k} {n!r} {_kind(*old_tensors[k, n], d)} -> {_kind(s, d, old_tensors[k, n][1])}"
                for (k, n), (s, d) in new_tensors.items()
                if (k, n) in old_tensors and old_tensors[k, n] != (s, d)]
     added = [f"{k} {n!r}" for k, n in new_tensors if (k, n) not in old_tensors]
@@ -111,3 +127,10 @@ def describe_change(before: tuple, after: tuple, limit: int = 3) -> str:
             parts.append(f"{label}: {', '.join(items[:limit])}"
                          f"{', ...' if len(items) > limit else ''}")
     return "; ".join(parts) or "its structure"
+
+
+def _kind(shape: tuple, dtype: torch.dtype, other_dtype: torch.dtype) -> str:
+    """A tensor's shape, and its dtype where the other side's differs."""
+    if dtype == other_dtype:
+        return str(tuple(shape))
+    return f"{tuple(shape)} {str(dtype).removeprefix('torch.')}"
