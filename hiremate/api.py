@@ -460,10 +460,19 @@ class HRockmate(ModelWrapper):
 
     def _runs_schedule(self, model: torch.nn.Module) -> bool:
         """Whether a call runs the schedule: with autograd off no backward can follow, and in
-        another mode than at build the graph computes something else (dropout, BatchNorm)."""
+        another mode than at build the graph computes something else (dropout, BatchNorm);
+        the autocast, hooks and ``torch.func`` transforms of the call must allow it too."""
         if not torch.is_grad_enabled():
             return False
         if not self._autocast_as_captured():
+            return False
+        if torch._C._are_functorch_transforms_active():
+            if "functorch" not in self._mode_notes:
+                self._mode_notes.add("functorch")
+                log.warning("%s is called under a torch.func transform (vmap, grad, jacrev...), "
+                            "which the schedule's autograd function cannot run under: running "
+                            "the plain forward (no memory bound)",
+                            type(self.wrapped_model).__name__)
             return False
         if user_forward_hooks(self._mode_modules) != self._hooks_at_build:
             if "hooks" not in self._mode_notes:

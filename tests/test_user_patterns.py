@@ -232,3 +232,22 @@ def test_an_empty_batch_trains_like_eager():
     eager = copy.deepcopy(model)
     wrapped = HRockmate(model, torch.randn(8, 16, dtype=torch.float64), 0.8)
     _trains_like_eager(wrapped, eager, torch.randn(0, 16, dtype=torch.float64))
+
+
+def test_torch_func_transforms_run_the_plain_forward(caplog):
+    """``torch.vmap`` or ``torch.func.grad`` over the wrapper (per-sample gradients): the
+    schedule's autograd function has no batching rule, so the call runs the plain forward,
+    with one warning (before: torch's error about ``setup_context``)."""
+    torch.manual_seed(0)
+    model = _mlp()
+    wrapped = HRockmate(model, torch.randn(8, 16, dtype=torch.float64), 1.0)
+    batch = torch.randn(3, 8, 16, dtype=torch.float64)
+    with caplog.at_level("WARNING", logger="hiremate"):
+        assert torch.equal(torch.vmap(wrapped)(batch), torch.vmap(model)(batch))
+        x = batch[0]
+        assert torch.equal(torch.func.grad(lambda v: wrapped(v).sum())(x),
+                           torch.func.grad(lambda v: model(v).sum())(x))
+    notes = [r for r in caplog.records if r.name.startswith("hiremate")
+             and "torch.func" in r.getMessage()]
+    assert len(notes) == 1
+    _trains_like_eager(wrapped, copy.deepcopy(model), x)  # outside a transform: the schedule
