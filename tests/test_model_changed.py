@@ -130,3 +130,20 @@ def test_a_saved_schedule_loads_only_on_the_model_it_was_saved_for(x, tmp_path, 
         HRockmate.load(_net(), path)
     assert any("does not record the model" in r.getMessage() for r in caplog.records
                if r.name.startswith("hiremate"))
+
+
+def test_a_graph_of_another_model_is_refused(x):
+    """``from_graph`` (and a bare ``RematModule``) given a graph captured from a model of other
+    parameter shapes or dtypes: before, the program ran on this model's parameters."""
+    import hiremate
+
+    graph = hiremate.build_graph(_net(), x)
+    HRockmate.from_graph(_net(), graph, 1.0)
+    wider = nn.Sequential(nn.Linear(12, 30), nn.GELU(), nn.Linear(30, 24), nn.GELU(),
+                          nn.Linear(24, 5)).double()
+    for other, match in ((wider, r"'0.weight' is \(30, 12\) float64 but the graph was captured "
+                                 r"with \(24, 12\) float64"), (_net().float(), "float32")):
+        with pytest.raises(InvalidGraphError, match=match):
+            HRockmate.from_graph(other, graph, 1.0)
+        with pytest.raises(InvalidGraphError, match=match):
+            RematModule(other, graph, autodiff_schedule(graph))

@@ -39,7 +39,7 @@ from hiremate.runtime.io import InputChecker, derive_output_spec
 from hiremate.runtime.rng import CallState
 from hiremate.runtime import structure
 from hiremate.runtime.grad_reach import tangents_reaching
-from hiremate.ir.graph import Graph
+from hiremate.ir.graph import DataKind, Graph
 from hiremate.graphbuilder.encode import decode_arg
 from hiremate.ir.schedule import Compute, Schedule
 from hiremate.ir.simulator import SimulationResult, simulate
@@ -85,6 +85,7 @@ class RematModule(torch.nn.Module):
         self._tangent_for_output: list[int] = meta.get("tangent_for_output", [])
         self._out_values: list[Any] = meta.get("output_values", [])
         self._resolve_slots()
+        self._check_shapes(graph)
         # the model as captured, checked again when some module anywhere registered something
         structure.watch()
         self._seen_generation = structure.generation()
@@ -154,6 +155,27 @@ class RematModule(torch.nn.Module):
                 )
             slots.append((table, attr))
         return slots
+
+    def _check_shapes(self, graph: Graph) -> None:
+        """Raise :class:`InvalidGraphError` when a parameter or buffer of the model has another
+        shape or dtype than the graph's: the graph is of another model (a ``from_graph`` or
+        ``RematModule`` given a graph built elsewhere), whose program would run on these."""
+        names = self._param_names + self._frozen_names
+        for kind, names, tensors in (
+                (DataKind.PARAM, names, self._lookup(self._param_slots + self._frozen_slots)),
+                (DataKind.BUFFER, self._buffer_names, self._lookup(self._buffer_slots))):
+            nodes = [d for d in graph.data if d.kind is kind]
+            if len(nodes) != len(names):  # not a graph of this builder's layout: nothing to pair
+                continue
+            for name, node, t in zip(names, nodes, tensors):
+                if t is None:
+                    continue
+                dtype = str(t.dtype).removeprefix("torch.")
+                if tuple(t.shape) != tuple(node.shape) or dtype != node.dtype:
+                    raise InvalidGraphError(
+                        f"the model's {kind.value} {name!r} is {tuple(t.shape)} {dtype} but the "
+                        f"graph was captured with {tuple(node.shape)} {node.dtype}: the graph is "
+                        "of another model; build it from this one")
 
     def _resolve_slots(self) -> None:
         self._param_slots = self._slots(self._param_names, "param")
