@@ -147,3 +147,39 @@ def test_a_graph_of_another_model_is_refused(x):
             HRockmate.from_graph(other, graph, 1.0)
         with pytest.raises(InvalidGraphError, match=match):
             RematModule(other, graph, autodiff_schedule(graph))
+
+
+class _Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(12, 24)
+        self.norm = nn.BatchNorm1d(24)
+        self.drop = nn.Dropout(0.1)
+        self.act = nn.LeakyReLU(0.1)
+        self.outer = nn.Linear(24, 5)
+
+    def forward(self, x):
+        return self.outer(self.act(self.drop(self.norm(self.inner(x)))))
+
+
+@pytest.mark.parametrize("setting", ["drop.p", "norm.momentum", "act.negative_slope"])
+def test_a_setting_assigned_in_place_is_noticed(x, setting):
+    """Dropout annealed by assigning ``p``, a BatchNorm's ``momentum`` changed: torch's modules
+    declare such settings (``__constants__``) and a call compares them. Before, the old value
+    ran: other dropout masks, other running statistics than eager's, silently."""
+    model = _Normed().double()
+    wrapped = HRockmate(model, x, 1.0, calibrate=0)
+    owner, name = setting.split(".")
+    setattr(getattr(model, owner), name, 0.5)
+    eager = copy.deepcopy(model)
+    for m in (wrapped, eager):
+        m.zero_grad(set_to_none=True)
+    torch.manual_seed(3)
+    out = wrapped(x)
+    out.square().sum().backward()
+    torch.manual_seed(3)
+    expected = eager(x)
+    expected.square().sum().backward()
+    assert torch.equal(out, expected) and wrapped.rebuilds == 1
+    assert_grads_match(wrapped, eager)
+    assert torch.equal(model.norm.running_mean, eager.norm.running_mean)

@@ -90,6 +90,7 @@ class RematModule(torch.nn.Module):
         structure.watch()
         self._seen_generation = structure.generation()
         self._containers = structure.containers(model)
+        self._settings = structure.settings(model)
         self._fingerprint = structure.fingerprint(model)
         self._checker = InputChecker(graph)
         self._out_spec: Any = None
@@ -192,10 +193,12 @@ class RematModule(torch.nn.Module):
         """What changed in the model since the graph was captured (modules added, removed or
         with other settings; parameters or buffers of other shapes), or None
         (:mod:`hiremate.runtime.structure`). Costs one comparison unless something was
-        registered since the last look (or a container's length changed); a module replaced by
-        an equal one (a head of the same shape) is then read from its new owner."""
+        registered since the last look (or a container's length or a torch module's declared
+        setting changed); a module replaced by an equal one (a head of the same shape) is then
+        read from its new owner."""
         if (structure.generation() == self._seen_generation
-                and not structure.resized(self._containers)):
+                and not structure.resized(self._containers)
+                and not structure.settings_changed(self._settings)):
             return None
         now = structure.fingerprint(self.model)
         if now != self._fingerprint:
@@ -203,6 +206,7 @@ class RematModule(torch.nn.Module):
         self._resolve_slots()
         self._seen_generation = structure.generation()
         self._containers = structure.containers(self.model)
+        self._settings = structure.settings(self.model)
         return None
 
     def _lookup(self, slots: list[tuple[dict, str]]) -> list[torch.Tensor]:

@@ -16,13 +16,16 @@ registering, so each call also compares those containers' lengths (:func:`contai
 
 What is compared: each submodule's path, class and ``extra_repr()`` (torch's modules print
 their settings there: a convolution's stride and padding, dropout's ``p``), and each
-parameter's and buffer's path, shape and dtype. Settings changed by assigning a plain attribute
-of a module (``model.drop.p = 0.5``) register nothing, so they are not noticed: build again
-after such a change.
+parameter's and buffer's path, shape and dtype. A setting assigned in place (``model.drop.p =
+0.5``, a BatchNorm's ``momentum``) registers nothing; torch's modules declare theirs in
+``__constants__``, and each call compares those with the values seen last (:func:`settings`:
+about 26 us on a 12-layer GPT2 or the zoo's ResNet, whose steps take milliseconds). Attributes
+of a user's own modules are not watched: build again after changing one.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -93,6 +96,28 @@ def from_json(data: Any) -> tuple:
     return (tuple((str(n), str(c), str(s)) for n, c, s in modules),
             tuple((str(k), str(n), tuple(int(d) for d in shape), getattr(torch, str(dt)))
                   for k, n, shape, dt in tensors))
+
+
+_PLAIN = (bool, int, float, str, type(None), tuple)
+
+
+def settings(model: torch.nn.Module) -> tuple:
+    """For each module of ``model`` that declares its settings in ``__constants__`` (torch's:
+    dropout's ``p``, a norm's ``eps`` and ``momentum``, an activation's slope), a getter of
+    those settings and their values now; settings that are not plain values are left out."""
+    seen = []
+    for m in model.modules():
+        names = [n for n in getattr(type(m), "__constants__", ())
+                 if isinstance(getattr(m, n, None), _PLAIN)]
+        if names:
+            get = operator.attrgetter(*names)
+            seen.append((m, get, get(m)))
+    return tuple(seen)
+
+
+def settings_changed(seen: tuple) -> bool:
+    """Whether a setting of :func:`settings` has another value now."""
+    return any(get(m) != values for m, get, values in seen)
 
 
 def _settings(module: torch.nn.Module) -> str:
