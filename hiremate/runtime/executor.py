@@ -161,9 +161,9 @@ class RematModule(torch.nn.Module):
         """Raise :class:`InvalidGraphError` when a parameter or buffer of the model has another
         shape or dtype than the graph's: the graph is of another model (a ``from_graph`` or
         ``RematModule`` given a graph built elsewhere), whose program would run on these."""
-        names = self._param_names + self._frozen_names
         for kind, names, tensors in (
-                (DataKind.PARAM, names, self._lookup(self._param_slots + self._frozen_slots)),
+                (DataKind.PARAM, self._param_names + self._frozen_names,
+                 self._lookup(self._param_slots + self._frozen_slots)),
                 (DataKind.BUFFER, self._buffer_names, self._lookup(self._buffer_slots))):
             nodes = [d for d in graph.data if d.kind is kind]
             if len(nodes) != len(names):  # not a graph of this builder's layout: nothing to pair
