@@ -12,7 +12,7 @@ import torch.utils._pytree as pytree
 from hiremate.errors import ConfigError
 from hiremate.ir.graph import Graph
 from hiremate.graphbuilder.assemble import assemble
-from hiremate.graphbuilder.capture import capture, normalise_sample
+from hiremate.graphbuilder.capture import capture, capturing, normalise_sample
 from hiremate.graphbuilder.costs import check_cost_model, op_costs, resolve_cost_model
 from hiremate.graphbuilder.grouping import group_joint
 from hiremate.graphbuilder.guards import guard_to_dict
@@ -36,7 +36,8 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     check_cost_model(cost_model)
     _check_devices(model, sample)
     start = time.perf_counter()
-    cap = capture(model, sample)
+    with capturing():
+        cap = capture(model, sample)
     t_capture = time.perf_counter() - start
     grouping = group_joint(cap)
     device = _device(model, sample)

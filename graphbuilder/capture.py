@@ -255,6 +255,26 @@ def _plain_non_reentrant(function: Any, preserve_rng_state: bool, *rest: Any,
     yield  # checkpoint() runs the function here, and expects the generator to end after it
 
 
+_capturing = threading.local()
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """Mark this thread as capturing a model: a hiremate wrapper met inside the model (a
+    submodule wrapped before the whole was) then runs its model's plain forward, so that the
+    capture records the model's ops instead of tracing the wrapper's executor."""
+    _capturing.depth = getattr(_capturing, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _capturing.depth -= 1
+
+
+def is_capturing() -> bool:
+    """Whether this thread is inside :func:`capturing`."""
+    return getattr(_capturing, "depth", 0) > 0
+
+
 @contextlib.contextmanager
 def plain_checkpoints(model_name: str, announce: bool = True) -> Iterator[None]:
     """Run ``torch.utils.checkpoint`` inside the model as the computation it wraps.

@@ -43,6 +43,7 @@ from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, Infe
                              InputMismatchError, InvalidGraphError, ModelChangedError)
 from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
+from hiremate.graphbuilder.capture import is_capturing
 from hiremate.runtime import structure
 from hiremate.runtime.hooks import user_forward_hooks
 from hiremate.runtime.io import in_sample_form, positional_sample
@@ -462,7 +463,7 @@ class HRockmate(ModelWrapper):
         """Whether a call runs the schedule: with autograd off no backward can follow, and in
         another mode than at build the graph computes something else (dropout, BatchNorm);
         the autocast, hooks and ``torch.func`` transforms of the call must allow it too."""
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or is_capturing():  # see graphbuilder's capturing()
             return False
         if not self._autocast_as_captured():
             return False

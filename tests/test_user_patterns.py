@@ -251,3 +251,36 @@ def test_torch_func_transforms_run_the_plain_forward(caplog):
              and "torch.func" in r.getMessage()]
     assert len(notes) == 1
     _trains_like_eager(wrapped, copy.deepcopy(model), x)  # outside a transform: the schedule
+
+
+class _Parent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(16, 32)
+        self.trunk = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.trunk(torch.relu(self.stem(x)))
+
+
+@pytest.mark.parametrize("nesting", ["wrapped child", "wrapper of a wrapper"])
+def test_a_model_holding_a_wrapper_is_wrapped(nesting):
+    """A model one of whose submodules is already wrapped (library code, an earlier
+    experiment) wrapped as a whole, or a wrapper wrapped again. Before: the capture traced the
+    inner wrapper's executor and hung (a child) or failed (``KeyError: '__import__'``). A
+    capture now runs inner wrappers as their plain models, so the outer graph holds the
+    model's own ops."""
+    torch.manual_seed(0)
+    model = _Parent().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(8, 16, dtype=torch.float64)
+    if nesting == "wrapped child":
+        model.trunk = HRockmate(model.trunk, torch.randn(8, 32, dtype=torch.float64), 1.0)
+        wrapped = HRockmate(model, x, 0.8)
+    else:
+        wrapped = HRockmate(HRockmate(model, x, 1.0), x, 0.8)
+    import hiremate
+
+    plain = hiremate.build_graph(copy.deepcopy(eager), x)
+    assert len(wrapped.graph.nodes) == len(plain.nodes)  # the model's ops, not the executor's
+    _trains_like_eager(wrapped, eager, x)

@@ -40,6 +40,7 @@ from hiremate.runtime.rng import CallState
 from hiremate.runtime import structure
 from hiremate.runtime.grad_reach import tangents_reaching
 from hiremate.ir.graph import DataKind, Graph
+from hiremate.graphbuilder.capture import is_capturing
 from hiremate.graphbuilder.encode import decode_arg
 from hiremate.ir.schedule import Compute, Schedule
 from hiremate.ir.simulator import SimulationResult, simulate
@@ -229,6 +230,8 @@ class RematModule(torch.nn.Module):
 
     # -- call --------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if is_capturing():  # inside another wrapper's capture: the model's own ops are recorded
+            return self.model(*args, **kwargs)
         change = self.model_change()
         if change is not None:
             raise ModelChangedError(

@@ -178,10 +178,10 @@ def derive_output_spec(model: torch.nn.Module, args: tuple, kwargs: dict, n_leav
     """The pytree structure of ``model(*args, **kwargs)``, from a run on fake tensors (or, if
     the model cannot run on fake tensors, a no-grad run whose RNG and buffer effects are
     undone). The call is the one captured (:func:`~hiremate.graphbuilder.capture.training_call`)."""
-    from hiremate.graphbuilder.capture import plain_checkpoints, training_call
+    from hiremate.graphbuilder.capture import capturing, plain_checkpoints, training_call
 
     args, kwargs = training_call(model, args, kwargs)
-    with plain_checkpoints(type(model).__name__, announce=False):
+    with plain_checkpoints(type(model).__name__, announce=False), capturing():
         try:
             spec = _fake_spec(model, args, kwargs)
         except Exception:  # noqa: BLE001 - any failure of fake tensors falls back to a real run
