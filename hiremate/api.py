@@ -468,20 +468,14 @@ class HRockmate(ModelWrapper):
         if not self._autocast_as_captured():
             return False
         if torch._C._are_functorch_transforms_active():
-            if "functorch" not in self._mode_notes:
-                self._mode_notes.add("functorch")
-                log.warning("%s is called under a torch.func transform (vmap, grad, jacrev...), "
-                            "which the schedule's autograd function cannot run under: running "
-                            "the plain forward (no memory bound)",
-                            type(self.wrapped_model).__name__)
+            self._warn_once("functorch", "%s is called under a torch.func transform (vmap, grad, "
+                            "jacrev...), which the schedule's autograd function cannot run "
+                            "under: running the plain forward (no memory bound)")
             return False
         if user_forward_hooks(self._mode_modules) != self._hooks_at_build:
-            if "hooks" not in self._mode_notes:
-                self._mode_notes.add("hooks")
-                log.warning("forward hooks were added to or removed from %s after the build: "
-                            "running its plain forward (no memory bound), where they run; build "
-                            "the wrapper again to train within the budget",
-                            type(self.wrapped_model).__name__)
+            self._warn_once("hooks", "forward hooks were added to or removed from %s after the "
+                            "build: running its plain forward (no memory bound), where they "
+                            "run; build the wrapper again to train within the budget")
             return False
         if [m.training for m in self._mode_modules] == self._built_modes:
             return True
@@ -496,6 +490,12 @@ class HRockmate(ModelWrapper):
                     "training" if model.training else "eval",
                     "training" if built_training else "eval")
         return False
+
+    def _warn_once(self, key: str, message: str) -> None:
+        """Log ``message`` (``%s``: the model's class) the first time ``key`` comes up."""
+        if key not in self._mode_notes:
+            self._mode_notes.add(key)
+            log.warning(message, type(self.wrapped_model).__name__)
 
     def _autocast_as_captured(self) -> bool:
         """Whether this call's autocast is the capture's (the graph holds the casts of the
