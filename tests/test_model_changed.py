@@ -105,7 +105,7 @@ def test_nothing_registered_costs_no_walk(x, monkeypatch):
     loaded = torch.load(buffer, weights_only=False)
     loaded(x)
     assert walks == [1, 1]
-    assert pickle.loads(pickle.dumps(module))._seen_generation == -1
+    assert pickle.loads(pickle.dumps(module))._watch._generation == -1
 
 
 def test_a_saved_schedule_loads_only_on_the_model_it_was_saved_for(x, tmp_path, caplog):

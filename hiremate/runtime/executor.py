@@ -87,12 +87,7 @@ class RematModule(torch.nn.Module):
         self._out_values: list[Any] = meta.get("output_values", [])
         self._resolve_slots()
         self._check_shapes(graph)
-        # the model as captured, checked again when some module anywhere registered something
-        structure.watch()
-        self._seen_generation = structure.generation()
-        self._containers = structure.containers(model)
-        self._settings = structure.settings(model)
-        self._fingerprint = structure.fingerprint(model)
+        self._watch = structure.ModelWatch(model)  # the model as captured
         self._checker = InputChecker(graph)
         self._out_spec: Any = None
         self._programs: dict[torch.device, tuple[Program, Program]] = {}
@@ -188,27 +183,14 @@ class RematModule(torch.nn.Module):
     def captured_fingerprint(self) -> tuple:
         """The :func:`~hiremate.runtime.structure.fingerprint` of the model this module was
         made for."""
-        return self._fingerprint
+        return self._watch.fingerprint
 
     def model_change(self) -> str | None:
         """What changed in the model since the graph was captured (modules added, removed or
         with other settings; parameters or buffers of other shapes), or None
-        (:mod:`hiremate.runtime.structure`). Costs one comparison unless something was
-        registered since the last look (or a container's length or a torch module's declared
-        setting changed); a module replaced by an equal one (a head of the same shape) is then
-        read from its new owner."""
-        if (structure.generation() == self._seen_generation
-                and not structure.resized(self._containers)
-                and not structure.settings_changed(self._settings)):
-            return None
-        now = structure.fingerprint(self.model)
-        if now != self._fingerprint:
-            return structure.describe_change(self._fingerprint, now)
-        self._resolve_slots()
-        self._seen_generation = structure.generation()
-        self._containers = structure.containers(self.model)
-        self._settings = structure.settings(self.model)
-        return None
+        (:class:`hiremate.runtime.structure.ModelWatch`). A module replaced by an equal one (a
+        head of the same shape) is read from its new owner from then on."""
+        return self._watch.change(on_same=self._resolve_slots)
 
     def _lookup(self, slots: list[tuple[dict, str]]) -> list[torch.Tensor]:
         return [table[attr] for table, attr in slots]
@@ -305,7 +287,6 @@ class RematModule(torch.nn.Module):
         # generated functions do not pickle; they are made again on the first call
         state = self.__dict__.copy()
         state["_programs"], state["_inference"] = {}, {}
-        state["_seen_generation"] = -1  # another process counts registrations anew
         return state
 
     def extra_repr(self) -> str:

@@ -26,7 +26,7 @@ of a user's own modules are not watched: build again after changing one.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -39,22 +39,52 @@ def _bump(*_args: Any) -> None:
     _generation += 1
 
 
-def watch() -> None:
-    """Install the registration hooks (once per process)."""
-    global _installed
-    if _installed:
-        return
-    from torch.nn.modules import module as nn_module
-
-    nn_module.register_module_module_registration_hook(_bump)
-    nn_module.register_module_parameter_registration_hook(_bump)
-    nn_module.register_module_buffer_registration_hook(_bump)
-    _installed = True
-
-
 def generation() -> int:
-    """How many modules, parameters and buffers have been registered since :func:`watch`."""
+    """How many modules, parameters and buffers have been registered since the hooks were
+    installed (on the first call in the process, so a module unpickled elsewhere counts too)."""
+    global _installed
+    if not _installed:
+        from torch.nn.modules import module as nn_module
+
+        nn_module.register_module_module_registration_hook(_bump)
+        nn_module.register_module_parameter_registration_hook(_bump)
+        nn_module.register_module_buffer_registration_hook(_bump)
+        _installed = True
     return _generation
+
+
+class ModelWatch:
+    """What a module was captured from, and what it last saw of it (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.fingerprint = fingerprint(model)
+        self._look()
+
+    def _look(self) -> None:
+        self._generation = generation()
+        self._containers = containers(self.model)
+        self._settings = settings(self.model)
+
+    def change(self, on_same: Callable[[], None] = lambda: None) -> str | None:
+        """What changed since the capture, or None. Costs one comparison, the containers'
+        lengths and the declared settings unless something was registered since the last
+        look; when the model is then walked and found equal, the look is taken again and
+        ``on_same`` runs (its modules may have been replaced by equal ones)."""
+        if (generation() == self._generation and not resized(self._containers)
+                and not settings_changed(self._settings)):
+            return None
+        now = fingerprint(self.model)
+        if now != self.fingerprint:
+            return describe_change(self.fingerprint, now)
+        self._look()
+        on_same()
+        return None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_generation"] = -1  # another process counts registrations anew
+        return state
 
 
 def fingerprint(model: torch.nn.Module) -> tuple:
