@@ -197,7 +197,14 @@ class HRockmate(ModelWrapper):
             graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir)
         loss_bytes = self._loss_bytes(model, graph, sample)
         target = step_budget(budget, graph, loss_bytes)
-        result = solving.solve_graph(graph, target, cfg, loss_bytes=loss_bytes)
+        result = None
+        if variant:  # a fraction is of these inputs' peak, but never less than the sample had
+            target = max(target, self._report["budget"])
+            if cfg.transfer_schedules:  # other sizes of a program already solved
+                result = solving.transfer_schedule(graph, target, loss_bytes, self._solved(),
+                                                   cfg)
+        if result is None:
+            result = solving.solve_graph(graph, target, cfg, loss_bytes=loss_bytes)
         built = Built(graph, tuple(result.schedule), dict(result.report),
                        self._make_executor(model, graph, tuple(result.schedule), cfg, sample,
                                            variant))
@@ -378,6 +385,16 @@ class HRockmate(ModelWrapper):
         self._adopt(self.wrapped_model, built, self.hiremate_config)
         self._variant_reports = {}
         self.rebuilds += 1
+
+    def _solved(self) -> list[tuple[Graph, Schedule, dict[str, Any]]]:
+        """What new inputs may take over (:func:`~hiremate.solving.transfer_schedule`): the
+        graphs, schedules and reports of the sample's module and of the variants solved (not
+        themselves taken over, so that gaps to the bound do not add up)."""
+        kept = [self.executor, *self.executor.variants] if self.executor is not None else []
+        reports = [self._variant_reports.get(m, {}) if i else self._report
+                   for i, m in enumerate(kept)]
+        return [(m.graph, m.schedule, r) for m, r in zip(kept, reports)
+                if "transferred_from" not in r]
 
     def variants(self) -> list[dict[str, Any]]:
         """The modules built for other inputs than the sample's, least recently used first:

@@ -52,6 +52,10 @@ size or sequence length) is captured and solved again for those inputs, once, wi
 resolved again (a fraction of *their* autodiff peak; bytes stay bytes) and the model left
 untouched; up to ``max_shapes`` such variants are kept besides the sample's, the least recently
 used evicted. ``on_new_inputs: raise`` raises :class:`hiremate.InputMismatchError` instead.
+With ``transfer_schedules``, new inputs whose program has the structure of one already solved
+(the same model on other sizes) first try that schedule (:func:`hiremate.solving.
+transfer_schedule`): when its whole step fits their budget and it is as close to their lower
+bound as it was to its own, it runs without a solve; else they are solved.
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class Config:
     reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.composer.pool)
     on_new_inputs: str = "recapture"  # other input shapes: "recapture" (solve again) or "raise"
     max_shapes: int = 4          # variants for other input shapes kept (least recently used out)
+    transfer_schedules: bool = True  # new input sizes first try the schedules solved for others
 
     def __post_init__(self) -> None:
         self.validate()
@@ -179,7 +184,7 @@ class Config:
         """The remaining fields' types, so that a YAML typo fails here and not mid-solve."""
         expect = {"name": str, "description": str, "backend": str, "cache": bool,
                   "reuse_schedules": bool, "flat_rewarm": bool, "partitioner_params": dict,
-                  "solver_params": dict}
+                  "transfer_schedules": bool, "solver_params": dict}
         for key, typ in expect.items():
             if hasattr(self, key) and not isinstance(getattr(self, key), typ):
                 raise ConfigError(f"{key} must be a {typ.__name__}, got {getattr(self, key)!r}")

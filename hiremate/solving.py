@@ -7,6 +7,7 @@ above the budget. Both live apart from :mod:`hiremate.api`, which builds the wra
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -15,8 +16,14 @@ from hiremate.composer.whole_step import solve_whole_step, step_budget
 from hiremate.config import Config, load_config
 from hiremate.errors import ConfigError, InfeasibleBudgetError
 from hiremate.graphbuilder.capture import normalise_sample
-from hiremate.ir.graph import Graph
+from hiremate.ir.graph import DataKind, Graph, same_structure
 from hiremate.ir.schedule import Schedule
+
+log = logging.getLogger(__name__)
+
+#: A schedule carried over to other inputs is kept when its predicted time relative to
+#: autodiff's is at most this much above what it was on the inputs it was solved for.
+TRANSFER_SLACK = 0.03
 
 
 def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate",
@@ -36,6 +43,90 @@ def solve_graph(graph: Graph, budget: int | float | str, config: Any = "hiremate
     result = solve_whole_step(graph, nbytes, cfg, cache, solve, loss_bytes)
     result.report["cache_hits"] = cache.hits
     result.report["cache_misses"] = cache.misses
+    return result
+
+
+def transfer_schedule(graph: Graph, budget: int, loss_bytes: int,
+                      sources: list[tuple[Graph, Schedule, dict[str, Any]]], cfg: Config):
+    """A solve result for ``graph`` taken from an earlier solve of the same program structure
+    (:func:`~hiremate.ir.graph.same_structure`: the model on inputs of other sizes), or None.
+
+    Why: on a new sequence length or batch size a solve costs many times the capture, and
+    with lengths that change from batch to batch it would run at most steps, while the
+    schedule solved for other sizes is usually about as good. Autodiff's schedule is taken
+    when it fits. Else each source ``(graph, schedule, report)`` is simulated on ``graph`` for
+    the whole step, and kept when it fits ``budget`` with a time relative to autodiff's at most
+    the source's (within :data:`TRANSFER_SLACK`): the overhead accepted for the sample. The
+    fastest wins; when it is further from ``graph``'s lower bound than its source was from
+    its own (the budget leaves more room here), ``cfg.polish``'s annealing starts from it."""
+    from hiremate.composer.solve import SolveResult
+    from hiremate.composer.step_view import step_view
+    from hiremate.composer.whole_step import whole_step_report
+    from hiremate.ir.simulator import autodiff_schedule
+    from hiremate.solvers.hilp.moment_bound import moment_time_bound
+
+    start = time.perf_counter()
+    eager = SolveResult(autodiff_schedule(graph), None, {"solver": "autodiff"})
+    best = None
+    if whole_step_report(graph, eager, budget, loss_bytes) <= budget:
+        best = (eager, {"solver": "autodiff"}, None)
+    for src_graph, schedule, report in ([] if best else sources):
+        if not report.get("relative_time") or not same_structure(src_graph, graph):
+            continue
+        result = SolveResult(tuple(schedule), None, {})
+        peak = whole_step_report(graph, result, budget, loss_bytes)
+        if not result.sim.valid or peak > budget:
+            log.info("the schedule solved for inputs of other sizes does not fit these inputs' "
+                     "budget (%.1f%% over)", 100 * (peak / budget - 1))
+            continue
+        if result.report["relative_time"] > report["relative_time"] * (1 + TRANSFER_SLACK):
+            log.info("the schedule solved for inputs of other sizes fits, but at %.3fx "
+                     "autodiff's time against %.3fx there", result.report["relative_time"],
+                     report["relative_time"])
+            continue
+        if best is None or result.sim.time < best[0].sim.time:
+            best = (result, report, src_graph)
+    if best is None:
+        return None
+    result, report, src_graph = best
+    bound = moment_time_bound(step_view(graph, loss_bytes, rng_states=False).graph, budget)
+    gap, source_gap = result.sim.time / bound, report.get("relative_time_bound")
+    if src_graph is not None and source_gap and gap > (1 + TRANSFER_SLACK) * (
+            report["relative_time"] / source_gap):
+        result = _polished(graph, budget, loss_bytes, result, cfg)
+    autodiff = result.report["autodiff_time"]
+    result.report.update(
+        solver="autodiff" if src_graph is None else "transferred:" + "+".join(
+            filter(None, (report.get("solver"), result.report.get("polished_by")))),
+        compute_nodes=len(graph.nodes),
+        data_nodes=len(graph.data), transferred_from=None if src_graph is None else [
+            list(d.shape) for d in src_graph.data if d.kind is DataKind.INPUT],
+        time_bound=bound, relative_time_bound=bound / autodiff if autodiff else None,
+        whole_step_solves=0, cache_hits=0, cache_misses=0,
+        solve_time=time.perf_counter() - start)
+    return result
+
+
+def _polished(graph: Graph, budget: int, loss_bytes: int, result: Any, cfg: Config):
+    """``result`` or a faster schedule that ``cfg.polish``'s solvers anneal from it on the
+    step as the solvers see it (:func:`~hiremate.composer.step_view.step_view`, generator
+    states counted), whose whole step still fits ``budget``."""
+    from hiremate.composer.solve import SolveResult
+    from hiremate.composer.step_view import step_view
+    from hiremate.composer.whole_step import whole_step_report
+    from hiremate.registry import make_solver
+
+    view = step_view(graph, loss_bytes, rng_states=True)
+    for name in cfg.polish:
+        solver = make_solver(name, cfg.solver_params.get(name, {}))
+        schedule = solver.polish(view.graph, budget, result.schedule)
+        if schedule is None:
+            continue
+        polished = SolveResult(view.schedule_of(schedule), None, {})
+        if (whole_step_report(graph, polished, budget, loss_bytes) <= budget
+                and polished.sim.valid and polished.sim.time < result.sim.time):
+            polished.report["polished_by"] = name
+            result = polished
     return result
 
 

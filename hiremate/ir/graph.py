@@ -462,3 +462,20 @@ def same_program(a: Graph, b: Graph) -> bool:
                     for m, n in zip(a.nodes, b.nodes))
             and [(d.kind, d.shape, d.dtype) for d in a.data]
             == [(d.kind, d.shape, d.dtype) for d in b.data])
+
+
+def same_structure(a: Graph, b: Graph) -> bool:
+    """Whether a schedule of ``a`` is a schedule of ``b``: the same nodes (kinds, ATen
+    operations in order, inputs, outputs, backward partners, effects), values (kinds,
+    producers, dtypes, ranks) and outputs, whatever the sizes and constant arguments. Two
+    captures of one model on inputs of other batch sizes or sequence lengths usually are."""
+    if len(a.nodes) != len(b.nodes) or len(a.data) != len(b.data) or a.outputs != b.outputs:
+        return False
+    for m, n in zip(a.nodes, b.nodes):
+        if ((m.kind, m.inputs, m.outputs, m.soft_inputs, m.partner, m.random, m.mutates)
+                != (n.kind, n.inputs, n.outputs, n.soft_inputs, n.partner, n.random, n.mutates)
+                or [o.target for o in m.ops] != [o.target for o in n.ops]):
+            return False
+    return all((d.kind, d.producer, d.dtype, len(d.shape), len(d.aliases))
+               == (e.kind, e.producer, e.dtype, len(e.shape), len(e.aliases))
+               for d, e in zip(a.data, b.data))
