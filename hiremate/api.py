@@ -19,8 +19,9 @@ Building never changes the model (parameters, buffers, ``.grad``) or the global 
 although cost measurement and calibration run it for real: one guard
 (:func:`hiremate.runtime.preserve.preserved`) around the whole build keeps that promise whatever stage
 runs the model, rather than each stage keeping it for itself. Calls with inputs of other shapes
-(another batch size or sequence length) are captured and solved again, once per input
-signature (config ``on_new_inputs``, ``max_shapes``); so are calls after parameters frozen at
+(another batch size or sequence length) are captured again, once per input signature, and take
+over a schedule already solved when it fits (config ``on_new_inputs``, ``max_shapes``,
+``transfer_schedules``), else are solved; so are calls after parameters frozen at
 the build were made trainable, once per set of them. A call under another ``torch.autocast``
 than the build's runs the plain forward: build inside the autocast context training uses.
 """
@@ -40,7 +41,7 @@ import torch.utils._pytree as pytree
 from hiremate.ir.budget import resolve_budget
 from hiremate.config import Config, load_config
 from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
-                             InputMismatchError, InvalidGraphError, ModelChangedError)
+                             InputMismatchError, ModelChangedError)
 from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
 from hiremate.graphbuilder.capture import is_capturing
@@ -76,22 +77,6 @@ def _traceable(sample: Any) -> Any:
                                 sample)
 
 
-def _check_saved_model(saved: Any, model: torch.nn.Module, path: Any) -> None:
-    """Raise :class:`InvalidGraphError` when ``model`` is not the model :meth:`HRockmate.save`
-    saved the schedule of (its modules, their settings, its parameter and buffer shapes): the
-    program would run on another model's parameters, or leave out its other layers."""
-    if saved is None:  # a file saved before the model was recorded
-        log.warning("%s does not record the model it was saved for; loading it on a model of "
-                    "another architecture would run the saved one's program", path)
-        return
-    now = structure.fingerprint(model)
-    if structure.from_json(saved) != now:
-        raise InvalidGraphError(
-            f"{path} holds the schedule of another model than this one "
-            f"({structure.describe_change(structure.from_json(saved), now)}); load it on the "
-            "model it was saved for, or build HRockmate(model, sample, budget) for this one")
-
-
 def _modes(model: torch.nn.Module) -> list[bool]:
     """Every module's training flag, in ``modules()`` order: the mode a graph was captured in."""
     return [m.training for m in model.modules()]
@@ -122,9 +107,11 @@ class HRockmate(ModelWrapper):
 
     Building leaves ``model`` as it was: parameters, buffers, ``.grad`` and the global RNG
     states (:func:`hiremate.runtime.preserve.preserved` around the whole build). A call with inputs of
-    other shapes than ``sample`` is captured and solved again for them, once (config
-    ``on_new_inputs``, ``max_shapes``); ``recaptures`` counts those builds and
-    :meth:`variants` lists the ones kept.
+    other shapes than ``sample`` is captured again for them, once, and runs the sample's
+    schedule when its whole step fits their budget (a fraction is of their peak, but never
+    fewer bytes than the sample's), else is solved (config ``on_new_inputs``, ``max_shapes``,
+    ``transfer_schedules``); ``recaptures`` counts those builds and :meth:`variants` lists the
+    ones kept.
 
     The wrapper shares the model's parameters and names (``state_dict()`` and
     ``named_parameters()`` keys are the model's), its mode (``train()``/``eval()``) and its
@@ -556,7 +543,7 @@ class HRockmate(ModelWrapper):
     def load(cls, model: torch.nn.Module, path: str | Path,
              loss_fn: Callable[..., torch.Tensor] | None = None) -> "HRockmate":
         """Rebuild from :meth:`save`'s file on ``model`` (same architecture, checked against
-        the one saved: :func:`_check_saved_model`): no capture, no solving; the schedule is
+        the one saved: :func:`~hiremate.runtime.structure.check_saved_model`): no capture, no solving; the schedule is
         checked with the simulator. A module saved with a captured
         loss needs that ``loss_fn`` again (functions are not saved)."""
         try:
@@ -583,7 +570,7 @@ class HRockmate(ModelWrapper):
         # files saved before "budget_arg" existed: their budget in bytes (kept for new shapes)
         self._init_state(payload.get("budget_arg", report.get("budget")), loss_fn, model,
                          True if loss and loss.get("target") else None, loss is not None)
-        _check_saved_model(payload.get("model"), self._runs(model), path)
+        structure.check_saved_model(payload.get("model"), self._runs(model), path)
         modes = payload.get("training_modes")
         # the flags the graph was captured with, where the file has them for this architecture
         modes = ([bool(m) for m in modes]

@@ -113,7 +113,7 @@ class Config:
                                  # flops, roofline (hiremate.graphbuilder.costs)
     reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.composer.pool)
     on_new_inputs: str = "recapture"  # other input shapes: "recapture" (solve again) or "raise"
-    max_shapes: int = 4          # variants for other input shapes kept (least recently used out)
+    max_shapes: int = 16         # variants for other input shapes kept (least recently used out)
     transfer_schedules: bool = True  # new input sizes first try the schedules solved for others
 
     def __post_init__(self) -> None:

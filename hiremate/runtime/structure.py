@@ -25,11 +25,15 @@ of a user's own modules are not watched: build again after changing one.
 
 from __future__ import annotations
 
+import logging
 import operator
 from typing import Any, Callable
 
 import torch
 
+from hiremate.errors import InvalidGraphError
+
+log = logging.getLogger(__name__)
 _generation = 0
 _installed = False
 
@@ -189,3 +193,20 @@ def _kind(shape: tuple, dtype: torch.dtype, other_dtype: torch.dtype) -> str:
     if dtype == other_dtype:
         return str(tuple(shape))
     return f"{tuple(shape)} {str(dtype).removeprefix('torch.')}"
+
+
+def check_saved_model(saved: Any, model: torch.nn.Module, path: Any) -> None:
+    """Raise :class:`InvalidGraphError` when ``model`` is not the model that
+    :meth:`hiremate.HRockmate.save` saved the schedule of (its modules, their settings, its
+    parameter and buffer shapes): the program would run on another model's parameters, or
+    leave out its other layers."""
+    if saved is None:  # a file saved before the model was recorded
+        log.warning("%s does not record the model it was saved for; loading it on a model of "
+                    "another architecture would run the saved one's program", path)
+        return
+    now = fingerprint(model)
+    if from_json(saved) != now:
+        raise InvalidGraphError(
+            f"{path} holds the schedule of another model than this one "
+            f"({describe_change(from_json(saved), now)}); load it on the model it was saved "
+            "for, or build HRockmate(model, sample, budget) for this one")
