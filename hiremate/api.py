@@ -543,8 +543,8 @@ class HRockmate(ModelWrapper):
     def load(cls, model: torch.nn.Module, path: str | Path,
              loss_fn: Callable[..., torch.Tensor] | None = None) -> "HRockmate":
         """Rebuild from :meth:`save`'s file on ``model`` (same architecture, checked against
-        the one saved: :func:`~hiremate.runtime.structure.check_saved_model`): no capture, no solving; the schedule is
-        checked with the simulator. A module saved with a captured
+        the one saved: :func:`~hiremate.runtime.structure.check_saved_model`): no capture, no
+        solving; the schedule is checked with the simulator. A module saved with a captured
         loss needs that ``loss_fn`` again (functions are not saved)."""
         try:
             payload = json.loads(Path(path).read_text())

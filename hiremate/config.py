@@ -48,14 +48,14 @@ configuration found at other budgets are candidates too
 known to fit.
 
 New input shapes (``on_new_inputs``): a call whose inputs differ from the sample (another batch
-size or sequence length) is captured and solved again for those inputs, once, with the budget
-resolved again (a fraction of *their* autodiff peak; bytes stay bytes) and the model left
-untouched; up to ``max_shapes`` such variants are kept besides the sample's, the least recently
-used evicted. ``on_new_inputs: raise`` raises :class:`hiremate.InputMismatchError` instead.
-With ``transfer_schedules``, new inputs whose program has the structure of one already solved
-(the same model on other sizes) first try that schedule (:func:`hiremate.solving.
-transfer_schedule`): when its whole step fits their budget and it is as close to their lower
-bound as it was to its own, it runs without a solve; else they are solved.
+size or sequence length) is captured again for those inputs, once, with the budget resolved
+again (a fraction of *their* autodiff peak, but never fewer bytes than the sample's; bytes stay
+bytes) and the model left untouched; up to ``max_shapes`` such variants are kept besides the
+sample's, the least recently used evicted. ``on_new_inputs: raise`` raises
+:class:`hiremate.InputMismatchError` instead. With ``transfer_schedules``, new inputs whose
+program has the structure of one already solved (the same model on other sizes) first try that
+schedule (:func:`hiremate.solving.transfer_schedule`): when its whole step fits their budget at
+no more than its overhead where it was solved, it runs without a solve; else they are solved.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Config:
     cost_model: str = "auto"     # node times: auto (measured on GPU, roofline on CPU), measured,
                                  # flops, roofline (hiremate.graphbuilder.costs)
     reuse_schedules: bool = True  # offer schedules found at other budgets (hiremate.composer.pool)
-    on_new_inputs: str = "recapture"  # other input shapes: "recapture" (solve again) or "raise"
+    on_new_inputs: str = "recapture"  # other input shapes: "recapture" (capture again) or "raise"
     max_shapes: int = 16         # variants for other input shapes kept (least recently used out)
     transfer_schedules: bool = True  # new input sizes first try the schedules solved for others
 

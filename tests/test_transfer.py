@@ -35,7 +35,8 @@ class Tokens(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.attn = nn.MultiheadAttention(width, 2, dropout=0.1, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
         self.head = nn.Linear(width, vocab)
 
     def forward(self, ids):
@@ -165,4 +166,5 @@ def test_schedules_move_between_graphs_of_one_structure(seed, n, scale, fraction
     assert moved.sim.time <= simulate(other, solved.schedule).time
     changed = graph_from_dag([dataclasses.replace(ops[0], inputs=[-1], saves_inputs=not
                                                   ops[0].saves_inputs), *ops[1:]], [100])
-    assert same_structure(first, changed) == (changed.to_dict()["nodes"] == first.to_dict()["nodes"])
+    same_nodes = changed.to_dict()["nodes"] == first.to_dict()["nodes"]
+    assert same_structure(first, changed) == same_nodes
