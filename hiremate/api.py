@@ -377,11 +377,11 @@ class HRockmate(ModelWrapper):
         """What new inputs may take over (:func:`~hiremate.solving.transfer_schedule`): the
         graphs, schedules and reports of the sample's module and of the variants solved (not
         themselves taken over, so that gaps to the bound do not add up)."""
-        kept = [self.executor, *self.executor.variants] if self.executor is not None else []
-        reports = [self._variant_reports.get(m, {}) if i else self._report
-                   for i, m in enumerate(kept)]
-        return [(m.graph, m.schedule, r) for m, r in zip(kept, reports)
-                if "transferred_from" not in r]
+        if self.executor is None:
+            return []
+        kept = [(self.executor, self._report), *((m, self._variant_reports.get(m, {}))
+                                                 for m in self.executor.variants)]
+        return [(m.graph, m.schedule, r) for m, r in kept if "transferred_from" not in r]
 
     def variants(self) -> list[dict[str, Any]]:
         """The modules built for other inputs than the sample's, least recently used first:

@@ -66,10 +66,10 @@ def transfer_schedule(graph: Graph, budget: int, loss_bytes: int,
     from hiremate.solvers.hilp.moment_bound import moment_time_bound
 
     start = time.perf_counter()
-    eager = SolveResult(autodiff_schedule(graph), None, {"solver": "autodiff"})
+    keep_all = SolveResult(autodiff_schedule(graph), None, {"solver": "autodiff"})
     best = None
-    if whole_step_report(graph, eager, budget, loss_bytes) <= budget:
-        best = (eager, {"solver": "autodiff"}, None)
+    if whole_step_report(graph, keep_all, budget, loss_bytes) <= budget:
+        best = (keep_all, {"solver": "autodiff"}, None)
     for src_graph, schedule, report in ([] if best else sources):
         if not report.get("relative_time") or not same_structure(src_graph, graph):
             continue

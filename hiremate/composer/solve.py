@@ -238,6 +238,7 @@ def _flat_path(graph: Graph, budget: int, cfg: Any, found: _Paths) -> bool:
 
 
 def _applicable(name: str, cfg: Any, graph: Graph) -> bool:
+    """Whether the configured solver ``name`` takes ``graph`` (its size limit)."""
     from hiremate.registry import make_solver
 
     return make_solver(name, cfg.solver_params.get(name, {})).applicable(graph)
