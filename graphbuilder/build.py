@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
-                repeats: int = 7, cache_dir: str | None = None) -> Graph:
+                repeats: int = 7, cache_dir: str | None = None,
+                output_gradients: str = "all") -> Graph:
     """Capture ``model`` on ``sample`` (a tensor, a tuple of positional arguments or a dict of
     keyword arguments) as a CD-graph with measured times and memory sizes.
 
@@ -30,6 +31,9 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     unique op timed over ``repeats`` interleaved rounds), ``"flops"`` (fixed constants, the same
     on every machine) or ``"roofline"``. Temporary memory is measured in one run under all of
     them. ``cache_dir`` keeps the roofline fit (default ``$HIREMATE_CACHE``).
+    ``output_gradients``: which differentiable outputs the backward starts from, ``"all"`` or
+    ``"scalars"`` (:data:`~hiremate.graphbuilder.capture.OUTPUT_GRADIENTS`); the others are
+    listed in ``meta["untangented_outputs"]``.
     """
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"build_graph expects an nn.Module, got {type(model).__name__}")
@@ -37,7 +41,7 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     _check_devices(model, sample)
     start = time.perf_counter()
     with capturing():
-        cap = capture(model, sample)
+        cap = capture(model, sample, output_gradients)
     t_capture = time.perf_counter() - start
     grouping = group_joint(cap)
     device = _device(model, sample)
@@ -68,6 +72,8 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
         "joint_ops": sum(1 for n in cap.gm.graph.nodes if n.op == "call_function"),
         "guards": [guard_to_dict(g) for g in cap.guards],
     }
+    if cap.untangented_outputs:  # left out otherwise, so that other graphs keep their key
+        meta["untangented_outputs"] = cap.untangented_outputs
     constants = input_constants(sample)
     if constants:  # left out otherwise, so that graphs of tensor-only calls keep their key
         meta["input_constants"] = constants

@@ -28,7 +28,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
-from hiremate.errors import GraphCaptureError
+from hiremate.errors import ConfigError, GraphCaptureError
 from hiremate.graphbuilder.functionalise import functionalise
 from hiremate.graphbuilder.guards import BranchRecorder, Guard
 
@@ -53,6 +53,8 @@ class JointCapture:
     input_spec: Any = None             # pytree spec of (args, kwargs)
     constants: dict[int, Any] = field(default_factory=dict)  # non-tensor leaves of (args, kwargs)
     guards: list[Guard] = field(default_factory=list)  # values the trace was specialised on
+    # differentiable flat outputs given no tangent: the backward is assumed not to reach them
+    untangented_outputs: list[int] = field(default_factory=list)
 
 
 def normalise_sample(sample: Any) -> tuple[tuple, dict]:
@@ -64,8 +66,18 @@ def normalise_sample(sample: Any) -> tuple[tuple, dict]:
     return (sample,), {}
 
 
-def capture(model: torch.nn.Module, sample: Any) -> JointCapture:
-    """Trace ``model`` on ``sample``; raise :class:`GraphCaptureError` naming every failed path."""
+#: which differentiable outputs get a tangent: ``all``, or ``scalars`` (when some are 0-dim
+#: beside others, only those: a model that returns its loss with its logits is trained from
+#: the loss, and a tangent for the logits would be an output-sized zero held by the backward)
+OUTPUT_GRADIENTS = ("all", "scalars")
+
+
+def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") -> JointCapture:
+    """Trace ``model`` on ``sample``; raise :class:`GraphCaptureError` naming every failed path.
+    ``output_gradients``: see :data:`OUTPUT_GRADIENTS`."""
+    if output_gradients not in OUTPUT_GRADIENTS:
+        raise ConfigError(f"output_gradients must be one of {', '.join(OUTPUT_GRADIENTS)}, got "
+                          f"{output_gradients!r}")
     args, kwargs = training_call(model, *normalise_sample(sample))
     attempts: dict[str, str] = {}
     with (plain_checkpoints(type(model).__name__), _unvalidated_distributions(model),
@@ -78,7 +90,8 @@ def capture(model: torch.nn.Module, sample: Any) -> JointCapture:
                         module = exported.module()
                     else:
                         module = model
-                    result = _trace_joint(module, model, args, kwargs, path)
+                    result = _trace_joint(module, model, args, kwargs, path,
+                                          output_gradients)
                 log.info("captured %s with the %s path", type(model).__name__, path)
                 return result
             except Exception as exc:  # every failure of a path is reported, none is fatal alone
@@ -329,7 +342,7 @@ def _distinct(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple,
-                 kwargs: dict, path: str) -> JointCapture:
+                 kwargs: dict, path: str, output_gradients: str = "all") -> JointCapture:
     # the grad_fn form, which older releases have too (2.13's *_from_tensors wrapper, which
     # this used before, is not in 2.11)
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
@@ -373,6 +386,11 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
             f"no output of {type(original).__name__} needs a gradient: nothing to train, so "
             "nothing to rematerialise; check that parameters have requires_grad=True"
         )
+    untangented: list[int] = []
+    scalars = [i for i in diff if flat_out[i].dim() == 0]
+    if output_gradients == "scalars" and scalars and len(scalars) < len(diff):
+        untangented = [i for i in diff if i not in scalars]
+        diff = scalars
     tangents = [torch.zeros_like(flat_out[i]).detach() for i in diff]
     del out, flat_out
 
@@ -423,7 +441,8 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
     return JointCapture(
         gm=gm, path=path, param_names=list(params), frozen_names=list(frozen),
         buffer_names=list(buffers), input_paths=input_paths, input_requires_grad=needs_grad,
-        tangent_for_output=diff, n_outputs=out_spec.num_leaves,
+        tangent_for_output=diff, untangented_outputs=untangented,
+        n_outputs=out_spec.num_leaves,
         last_forward=marker["last"], output_spec=out_spec, input_spec=spec, constants=constants,
         guards=recorder.guards,
     )

@@ -29,7 +29,7 @@ than the build's runs the plain forward: build inside the autocast context train
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -50,16 +50,13 @@ from hiremate.runtime.hooks import user_forward_hooks
 from hiremate.runtime.io import in_sample_form, positional_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
 from hiremate.runtime.preserve import preserved
-from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
-from hiremate.ir.simulator import simulate
+from hiremate.ir.schedule import Schedule
 from hiremate.composer.whole_step import step_budget
-from hiremate import solving
+from hiremate import saved, solving
 from hiremate.solving import Built, solve_graph  # noqa: F401 (solve_graph: this module's API)
 from hiremate.wrapper import ModelWrapper
 
 log = logging.getLogger(__name__)
-
-SAVE_FORMAT = 1
 
 
 def _trainable_build() -> contextlib.ExitStack:
@@ -181,7 +178,11 @@ class HRockmate(ModelWrapper):
         if graph is None:
             from hiremate import build_graph
 
-            graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir)
+            # a loss applied outside to the outputs may use any of them
+            scalars = cfg.output_gradients == "auto" and not (
+                self._loss_fn is not None and self._loss_step is None)
+            graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir,
+                                output_gradients="scalars" if scalars else "all")
         loss_bytes = self._loss_bytes(model, graph, sample)
         target = step_budget(budget, graph, loss_bytes)
         result = None
@@ -292,10 +293,27 @@ class HRockmate(ModelWrapper):
             log.warning("hiremate.runtime.executor is not available (%s): the schedule is solved but "
                         "cannot run", exc)
             return None
+        again = {"on_output_gradient": self._differentiate_all}
         if variant or cfg.on_new_inputs == "raise":
-            return RematModule(model, graph, schedule, sample=sample)
+            return RematModule(model, graph, schedule, sample=sample, **again)
         return RematModule(model, graph, schedule, sample=sample, on_mismatch=self._recapture,
-                           max_others=cfg.max_shapes)
+                           max_others=cfg.max_shapes, **again)
+
+    def _differentiate_all(self, args: tuple, kwargs: dict, *rest: Any) -> list:
+        """A backward reached an output besides the scalar ones that the graph was captured to
+        be differentiated from (config ``output_gradients``): capture and solve the model again
+        from this call with every output differentiated, make that the module's (later calls
+        use it), and take this call's gradients from it, run again (``RematModule``'s
+        ``on_output_gradient``)."""
+        from hiremate.runtime.executor import differentiate_again
+
+        log.warning("the backward reached an output of %s besides its scalar ones (the loss), "
+                    "which the schedule was solved without: capturing and solving it again with "
+                    "every output differentiated (set output_gradients='all' to start so)",
+                    type(self.wrapped_model).__name__)
+        cfg = dataclasses.replace(self.hiremate_config, output_gradients="all")
+        built = self._take_over(args, kwargs, cfg)
+        return differentiate_again(built.executor, args, kwargs, *rest)
 
     def _recapture(self, args: tuple, kwargs: dict, error: InputMismatchError):
         """A module for inputs that differ from the sample: captured and solved for them, with
@@ -346,19 +364,29 @@ class HRockmate(ModelWrapper):
                  built.report["recapture_time"], built.report.get("budget"))
         return built.executor
 
-    def _build_for_call(self, args: tuple, kwargs: dict, variant: bool) -> Built:
+    def _build_for_call(self, args: tuple, kwargs: dict, variant: bool,
+                        cfg: Config | None = None) -> Built:
         """Capture and solve the model with a call's arguments as the sample, the model left
         untouched (a call under no_grad or inference_mode too: :func:`_trainable_build`)."""
         model = self._runs(self.wrapped_model)
         sample = tuple(args) if args else dict(kwargs)
         with _trainable_build(), preserved(model):
-            return self._build(model, self.hiremate_config, _traceable(sample),
+            return self._build(model, cfg or self.hiremate_config, _traceable(sample),
                                self._budget_arg, variant=variant)
+
+    def _take_over(self, args: tuple, kwargs: dict, cfg: Config) -> Built:
+        """Capture and solve from this call's arguments, and make that the module's graph,
+        schedule and executor; what was built for other inputs or trainable sets is dropped."""
+        built = self._build_for_call(args, kwargs, variant=False, cfg=cfg)
+        built.report["loss_captured"] = self._loss_step is not None
+        self._adopt(self.wrapped_model, built, cfg)
+        self._variant_reports = {}
+        self.rebuilds += 1
+        return built
 
     def _rebuild(self, args: tuple, kwargs: dict, change: str) -> None:
         """Capture and solve the model again after it changed (:mod:`hiremate.runtime.
-        structure`), from this call's arguments, and make that the module's graph, schedule
-        and executor; what was built for other inputs or trainable sets is dropped."""
+        structure`), from this call's arguments (:meth:`_take_over`)."""
         if args and kwargs:
             raise ModelChangedError(
                 f"the model changed after this module was built ({change}), and this call's "
@@ -367,11 +395,7 @@ class HRockmate(ModelWrapper):
         log.warning("%s changed after this module was built (%s): capturing and solving it "
                     "again (budget %r)", type(self.wrapped_model).__name__, change,
                     self._budget_arg)
-        built = self._build_for_call(args, kwargs, variant=False)
-        built.report["loss_captured"] = self._loss_step is not None
-        self._adopt(self.wrapped_model, built, self.hiremate_config)
-        self._variant_reports = {}
-        self.rebuilds += 1
+        self._take_over(args, kwargs, self.hiremate_config)
 
     def _solved(self) -> list[tuple[Graph, Schedule, dict[str, Any]]]:
         """What new inputs may take over (:func:`~hiremate.solving.transfer_schedule`): the
@@ -528,16 +552,11 @@ class HRockmate(ModelWrapper):
     # -- persistence ------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         """Graph, schedule, report, configuration and the budget as given, as one JSON file (no
-        weights)."""
-        payload = {
-            "format": SAVE_FORMAT, "graph": self.graph.to_dict(),
-            "schedule": schedule_to_list(self.schedule), "report": self._report,
-            "config": self.hiremate_config.to_dict(), "budget_arg": self._budget_arg,
-            "training_modes": list(self._built_modes),
-            "loss": None if self._loss_step is None else {"target": self._has_target},
-            "model": structure.to_json(self.executor.captured_fingerprint),
-        }
-        Path(path).write_text(json.dumps(payload, default=float))
+        weights: :mod:`hiremate.saved`)."""
+        saved.write(path, self.graph, self.schedule, self._report, self.hiremate_config,
+                    self._budget_arg, self._built_modes,
+                    None if self._loss_step is None else {"target": self._has_target},
+                    structure.to_json(self.executor.captured_fingerprint))
 
     @classmethod
     def load(cls, model: torch.nn.Module, path: str | Path,
@@ -546,37 +565,20 @@ class HRockmate(ModelWrapper):
         the one saved: :func:`~hiremate.runtime.structure.check_saved_model`): no capture, no
         solving; the schedule is checked with the simulator. A module saved with a captured
         loss needs that ``loss_fn`` again (functions are not saved)."""
-        try:
-            payload = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read a saved HRockmate from {path}: {exc}") from exc
-        if payload.get("format") != SAVE_FORMAT:
-            raise ConfigError(f"{path} has format {payload.get('format')!r}; this hiremate reads "
-                              f"{SAVE_FORMAT}: solve again")
-        graph = Graph.from_dict(payload["graph"])
-        schedule = schedule_from_list(payload["schedule"])
-        simulate(graph, schedule).raise_if_invalid()
+        file = saved.read(path, loss_fn is not None)
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
-        report = dict(payload["report"], solve_time=0.0, loaded_from=str(path))
-        cfg = Config.from_dict(payload["config"])
-        loss = payload.get("loss")
-        if (loss is None) != (loss_fn is None):
-            raise ConfigError(
-                f"{path} was saved with a captured loss: pass the same loss_fn to load it"
-                if loss is not None else
-                f"{path} holds the model's schedule alone (no captured loss); load it without "
-                "loss_fn")
-        # files saved before "budget_arg" existed: their budget in bytes (kept for new shapes)
-        self._init_state(payload.get("budget_arg", report.get("budget")), loss_fn, model,
+        loss = file.loss
+        self._init_state(file.budget_arg, loss_fn, model,
                          True if loss and loss.get("target") else None, loss is not None)
-        structure.check_saved_model(payload.get("model"), self._runs(model), path)
-        modes = payload.get("training_modes")
+        structure.check_saved_model(file.model, self._runs(model), path)
+        modes = file.training_modes
         # the flags the graph was captured with, where the file has them for this architecture
-        modes = ([bool(m) for m in modes]
-                 if isinstance(modes, list) and len(modes) == len(_modes(model)) else None)
-        executor = self._make_executor(self._runs(model), graph, tuple(schedule), cfg)
-        self._adopt(model, Built(graph, tuple(schedule), report, executor), cfg, modes)
+        modes = [bool(m) for m in modes] if modes and len(modes) == len(_modes(model)) else None
+        executor = self._make_executor(self._runs(model), file.graph, tuple(file.schedule),
+                                       file.config)
+        self._adopt(model, Built(file.graph, tuple(file.schedule), file.report, executor),
+                    file.config, modes)
         return self
 
     def extra_repr(self) -> str:

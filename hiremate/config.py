@@ -75,6 +75,7 @@ from hiremate.quiet import check_progress
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 LEVELS = ("flat", "bottom", "middle", "middle_flat", "top", "sequence_top", "polish")
 ON_NEW_INPUTS = ("recapture", "raise")
+OUTPUT_GRADIENTS = ("auto", "all")
 
 
 @dataclass
@@ -115,6 +116,8 @@ class Config:
     on_new_inputs: str = "recapture"  # other input shapes: "recapture" (capture again) or "raise"
     max_shapes: int = 16         # variants for other input shapes kept (least recently used out)
     transfer_schedules: bool = True  # new input sizes first try the schedules solved for others
+    output_gradients: str = "auto"  # "auto": a loss returned beside other outputs is what the
+                                    # backward starts from; "all": every output may get one
 
     def __post_init__(self) -> None:
         self.validate()
@@ -171,6 +174,10 @@ class Config:
         if self.on_new_inputs not in ON_NEW_INPUTS:
             raise ConfigError(f"on_new_inputs must be one of {', '.join(map(repr, ON_NEW_INPUTS))}"
                               f", got {self.on_new_inputs!r}")
+        if self.output_gradients not in OUTPUT_GRADIENTS:
+            raise ConfigError(f"output_gradients must be one of "
+                              f"{', '.join(map(repr, OUTPUT_GRADIENTS))}, got "
+                              f"{self.output_gradients!r}")
         if (isinstance(self.max_shapes, bool) or not isinstance(self.max_shapes, int)
                 or self.max_shapes < 1):
             raise ConfigError(f"max_shapes must be a positive integer (input shapes kept besides "

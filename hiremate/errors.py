@@ -94,6 +94,12 @@ class ModifiedInPlaceError(ExecutionError):
     (eager PyTorch refuses the same with a ``RuntimeError``)."""
 
 
+class OutputGradientError(ExecutionError):
+    """The backward of a RematModule call reached an output that its graph was captured to give
+    no gradient (``output_gradients``), and the module has no way to run the call again for
+    every output (``HRockmate`` has)."""
+
+
 class FormatError(HiremateError, ValueError):
     """Data read back from a file (a cache entry, a stored option or schedule) is not of the
     expected kind, shape or version."""

@@ -100,7 +100,8 @@ def _runtime_free(cfg: Any) -> dict:
     """The part of a configuration that decides the result (not how it is computed)."""
     d = cfg.to_dict()
     for k in ("name", "description", "n_jobs", "backend", "cache", "cache_dir", "progress",
-              "calibrate", "on_new_inputs", "max_shapes", "transfer_schedules"):
+              "calibrate", "on_new_inputs", "max_shapes", "transfer_schedules",
+              "output_gradients"):
         d.pop(k, None)
     return d
 

@@ -33,10 +33,11 @@ from hiremate.errors import (
     InvalidGraphError,
     ModelChangedError,
     ModifiedInPlaceError,
+    OutputGradientError,
 )
 from hiremate.runtime.codegen import Program, generate, generate_inference
 from hiremate.runtime.io import InputChecker, derive_output_spec
-from hiremate.runtime.rng import CallState
+from hiremate.runtime.rng import CallState, generator_states
 from hiremate.runtime import structure
 from hiremate.runtime.grad_reach import tangents_reaching
 from hiremate.ir.graph import DataKind, Graph
@@ -60,12 +61,18 @@ class RematModule(torch.nn.Module):
     :class:`InputMismatchError`), or a callable ``(args, kwargs, error) -> RematModule`` that
     builds a module for the new inputs (it is kept and reused for inputs of that signature;
     with ``max_others``, at most that many are kept, the least recently used evicted).
+    ``on_output_gradient`` serves a backward that reaches an output the graph gives no
+    tangent (``meta["untangented_outputs"]``): a callable ``(args, kwargs, rng_states, inputs,
+    params, grad_outputs, needs) -> gradients`` that differentiates the call again with every
+    output (:meth:`hiremate.HRockmate`'s rebuilds for them); without it such a backward raises
+    :class:`OutputGradientError`.
     """
 
     def __init__(self, model: torch.nn.Module, graph: Graph, schedule: Schedule, *,
                  sample: Any = None,
                  on_mismatch: str | Callable[[tuple, dict, InputMismatchError], "RematModule"]
-                 = "raise", max_others: int | None = None):
+                 = "raise", max_others: int | None = None,
+                 on_output_gradient: Callable[..., list] | None = None):
         super().__init__()
         if on_mismatch != "raise" and not callable(on_mismatch):
             raise ConfigError(f"on_mismatch must be 'raise' or a callable, got {on_mismatch!r}")
@@ -105,6 +112,9 @@ class RematModule(torch.nn.Module):
             if isinstance(o, str):
                 tensor_pos[i] = len(tensor_pos)
         self._tangent_pos = [tensor_pos[i] for i in self._tangent_for_output]
+        # differentiable outputs the backward is assumed not to reach (no tangent in the graph)
+        self._untangented_pos = [tensor_pos[i] for i in meta.get("untangented_outputs", [])]
+        self._on_output_gradient = on_output_gradient
         self._consts = {i: decode_arg(o["const"], {}) for i, o in enumerate(self._out_values)
                         if not isinstance(o, str)}
         self._n_params = len(self._param_names)
@@ -214,6 +224,14 @@ class RematModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if is_capturing():  # inside another wrapper's capture: the model's own ops are recorded
             return self.model(*args, **kwargs)
+        return self._call(args, kwargs, flat=False)
+
+    def call_flat(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        """The call's tensor outputs in the graph's order (what the autograd function returns;
+        a call puts them back in the model's output structure)."""
+        return self._call(args, kwargs, flat=True)
+
+    def _call(self, args: tuple, kwargs: dict, flat: bool) -> Any:
         change = self.model_change()
         if change is not None:
             raise ModelChangedError(
@@ -244,7 +262,7 @@ class RematModule(torch.nn.Module):
                              "at most %d kept)", old_key, self._max_others)
             else:
                 self._others.move_to_end(key)
-            return other(*args, **kwargs)
+            return other._call(args, kwargs, flat)
         if self._out_spec is None:
             self._out_spec = derive_output_spec(self.model, args, kwargs, len(self._out_values))
         params = self._lookup(self._param_slots)
@@ -267,14 +285,34 @@ class RematModule(torch.nn.Module):
                 f"({', '.join(unfrozen[:3])}{', ...' if len(unfrozen) > 3 else ''}); the graph "
                 "computes none for them: build the graph again (HRockmate does so by itself)")
         if training:
-            run = _Run(self, device, frozen, buffers)
+            # what a backward that reaches an untangented output needs to run the call again
+            replay = ((args, kwargs, generator_states(_cuda_index(device)))
+                      if self._untangented_pos else None)
+            run = _Run(self, device, frozen, buffers, replay)
             outs = _RematFunction.apply(run, len(inputs), *inputs, *params)
         else:
             prog = self._get_inference(device)
             call = CallState(_cuda_index(device))
             with _as_captured(device):
                 outs, _ = prog.fn(call, None, inputs, params, frozen, buffers, ())
-        return self._rebuild(outs)
+        return tuple(outs) if flat else self._rebuild(outs)
+
+    def _untangented_backward(self, run: "_Run", inputs: list, params: list,
+                              grad_outputs: tuple, needs: tuple) -> list:
+        """Gradients of a call whose backward reached an output the graph gives no tangent
+        (``on_output_gradient``, see the class docstring)."""
+        names = [self._out_values[i] for i in range(len(self._out_values))
+                 if isinstance(self._out_values[i], str)]
+        reached = [names[pos] for pos in self._untangented_pos if grad_outputs[pos] is not None]
+        if self._on_output_gradient is None or run.replay is None:
+            raise OutputGradientError(
+                f"the backward reached output(s) {reached} of this module, but its graph was "
+                "captured to be differentiated from its scalar outputs only (the loss); "
+                "capture it with output_gradients='all' (HRockmate does so by itself)")
+        args, kwargs, states = run.replay
+        run.replay = None
+        return self._on_output_gradient(args, kwargs, states, inputs, params, grad_outputs,
+                                        needs)
 
     def _rebuild(self, outs: tuple[torch.Tensor, ...]) -> Any:
         flat: list[Any] = []
@@ -294,6 +332,30 @@ class RematModule(torch.nn.Module):
                 f"predicted_peak={self._predicted.peak}")
 
 
+def differentiate_again(module: RematModule, args: tuple, kwargs: dict, states: tuple,
+                        inputs: list, params: list, grad_outputs: tuple,
+                        needs: tuple) -> list[torch.Tensor | None]:
+    """Gradients of ``inputs`` and ``params`` (where ``needs`` says) for ``grad_outputs``,
+    from ``module`` (a module of the same model and inputs whose graph gives every output a
+    tangent) run again on ``args``/``kwargs`` from the generator ``states`` of the first run,
+    so that its random ops draw what they drew then; what the rerun writes (buffers) and draws
+    is undone (:func:`hiremate.runtime.preserve.preserved`)."""
+    from hiremate.runtime.preserve import preserved
+    from hiremate.runtime.rng import set_generator_states
+
+    wrt = [t for t, need in zip([*inputs, *params], needs) if need]
+    with preserved(module.model), torch.enable_grad():
+        set_generator_states(_cuda_index(params[0].device if params else inputs[0].device),
+                             states)
+        outs = module.call_flat(*args, **kwargs)
+        pairs = [(o, g) for o, g in zip(outs, grad_outputs)
+                 if g is not None and o.requires_grad]
+        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
+                                         allow_unused=True)) if wrt else iter(())
+        del outs, pairs
+    return [next(grads) if need else None for need in needs]
+
+
 def _as_captured(device: torch.device) -> Any:
     """Autocast off while a captured program runs: a capture under autocast recorded its casts
     and lower-precision ops, one without it recorded none, and either program must run as it
@@ -305,13 +367,15 @@ def _as_captured(device: torch.device) -> Any:
 class _Run:
     """What one call's autograd function needs from its module (kept on the context)."""
 
-    __slots__ = ("module", "device", "frozen", "buffers")
+    __slots__ = ("module", "device", "frozen", "buffers", "replay")
 
-    def __init__(self, module: RematModule, device: torch.device, frozen: list, buffers: list):
+    def __init__(self, module: RematModule, device: torch.device, frozen: list, buffers: list,
+                 replay: tuple | None = None):
         self.module = module
         self.device = device
         self.frozen = frozen
         self.buffers = buffers
+        self.replay = replay  # (args, kwargs, generator states at the call's start) or None
 
 
 class _RematFunction(torch.autograd.Function):
@@ -335,7 +399,7 @@ class _RematFunction(torch.autograd.Function):
         ctx.out_meta = [(o.shape, o.dtype, o.stride()) for o in outs]
         # the caller gets aliases, so that no returned tensor is referenced by the context
         results = tuple(o.detach() for o in outs)
-        diff = set(module._tangent_pos)
+        diff = set(module._tangent_pos) | set(module._untangented_pos)
         nondiff = [r for i, r in enumerate(results) if i not in diff or not r.is_floating_point()]
         if nondiff:
             ctx.mark_non_differentiable(*nondiff)
@@ -371,6 +435,11 @@ class _RematFunction(torch.autograd.Function):
                 )
         run = ctx.run
         module = run.module
+        if any(grad_outputs[pos] is not None for pos in module._untangented_pos):
+            box.clear()  # the call is differentiated again from its inputs: free what it kept
+            del call, box, state
+            return (None, None, *module._untangented_backward(
+                run, inputs, params, grad_outputs, ctx.needs_input_grad[2:]))
         _, bwd = module._get_programs(run.device)
         tangents = _tangents(module._tangent_pos, ctx.out_meta, grad_outputs, run.device)
         # tangents the loss reached (autograd gives None for outputs it did not use)

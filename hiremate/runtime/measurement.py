@@ -174,7 +174,9 @@ def _loss_attribute(out: Any) -> torch.Tensor | None:
 
 def loss_of(out: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> torch.Tensor:
     """The scalar to differentiate: ``loss_fn(out)``, else ``out.loss``, else the sum of the
-    sums of every floating-point output tensor that requires grad."""
+    sums of every floating-point output tensor that requires grad; when some of those are 0-dim
+    beside others (a loss returned with the logits), of the 0-dim ones only, as
+    ``HRockmate`` assumes by default (config ``output_gradients``)."""
     if loss_fn is not None:
         loss = loss_fn(out)
         source = "loss_fn(output)"
@@ -182,9 +184,9 @@ def loss_of(out: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> t
         loss = _loss_attribute(out)
         source = "output.loss"
         if loss is None:
-            terms = [
-                t.sum() for t in _tensors(out) if t.is_floating_point() and t.requires_grad
-            ]
+            outputs = [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
+            scalars = [t for t in outputs if t.dim() == 0]
+            terms = [t.sum() for t in (scalars or outputs)]
             if not terms:
                 raise ConfigError(
                     f"the output of the measured function ({type(out).__name__}) holds no "

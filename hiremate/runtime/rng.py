@@ -28,6 +28,16 @@ def _states(call: CallState) -> tuple[Any, Any]:
     return torch.get_rng_state(), cuda
 
 
+def generator_states(cuda_device: int | None) -> tuple[Any, Any]:
+    """The CPU generator's state and the CUDA device's (None without one): what
+    :func:`set_generator_states` puts back."""
+    return _states(CallState(cuda_device))
+
+
+def set_generator_states(cuda_device: int | None, states: tuple[Any, Any]) -> None:
+    _set(CallState(cuda_device), states)
+
+
 def _set(call: CallState, states: tuple[Any, Any]) -> None:
     cpu, cuda = states
     torch.set_rng_state(cpu)

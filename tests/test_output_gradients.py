@@ -1,0 +1,137 @@
+"""A model that returns its loss beside its logits (a Hugging Face model given labels) is
+trained from the loss: the wrapper captures it so (config ``output_gradients``), without an
+output-sized zero gradient for the logits that eager PyTorch never makes, and a backward that
+reaches the logits after all still gets eager's gradients (the call is captured, solved and
+run again with every output differentiated)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from hiremate import HRockmate, build_graph
+from hiremate.errors import ConfigError, ExecutionError, OutputGradientError
+from hiremate.ir.simulator import autodiff_schedule
+from hiremate.runtime.executor import RematModule
+from hiremate.runtime.measurement import loss_of
+from test_model_untouched import one_thread  # noqa: F401 (an autouse fixture)
+
+SOLVE = {"cache": False, "calibrate": 0, "cost_model": "flops"}
+
+
+class LossAndLogits(nn.Module):
+    """BatchNorm (buffers a forward writes), dropout (random draws a rerun must repeat) and a
+    head whose logits are the largest activation, returned with the loss as a dict."""
+
+    def __init__(self, classes: int = 256):
+        super().__init__()
+        self.embed = nn.Linear(16, 64)
+        self.norm = nn.BatchNorm1d(64)
+        self.drop = nn.Dropout(0.2)
+        self.body = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
+        self.head = nn.Linear(64, classes)
+
+    def forward(self, x, y):
+        logits = self.head(self.body(self.drop(self.norm(self.embed(x)))))
+        return {"loss": nn.functional.cross_entropy(logits, y), "logits": logits}
+
+
+def _data():
+    gen = torch.Generator().manual_seed(1)
+    return (torch.randn(64, 16, dtype=torch.float64, generator=gen),
+            torch.randint(0, 256, (64,), generator=gen))
+
+
+def _model():
+    torch.manual_seed(0)
+    return LossAndLogits().double()
+
+
+def _same_step(wrapped, eager, loss, seed):
+    """One step of each from the same generator state: loss, gradients, buffers and the
+    generator state after it are eager's."""
+    x, y = _data()
+    ends = []
+    for module in (wrapped, eager):
+        module.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        out = module(x, y)
+        loss(out).backward()
+        ends.append((out["loss"].detach(), torch.get_rng_state()))
+    assert torch.equal(ends[0][0], ends[1][0])
+    assert torch.equal(ends[0][1], ends[1][1])
+    for (name, p), q in zip(wrapped.named_parameters(), eager.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=0, atol=1e-12), name
+    for b, c in zip(wrapped.buffers(), eager.buffers()):
+        assert torch.equal(b, c)
+
+
+def test_a_loss_beside_its_logits_is_what_the_backward_starts_from():
+    model = _model()
+    eager = copy.deepcopy(model)
+    wrapped = HRockmate(model, _data(), 0.8, **SOLVE)
+    every = HRockmate(copy.deepcopy(model), _data(), 0.8, output_gradients="all", **SOLVE)
+    assert wrapped.graph.meta["untangented_outputs"] == [1]
+    assert wrapped.graph.tangent_bytes == 8  # the loss's gradient, a float64 scalar
+    assert "untangented_outputs" not in every.graph.meta
+    logits = 64 * 256 * 8
+    # the zero gradient of the logits is gone from the step (with the sum it is added to)
+    assert every.report()["autodiff_peak"] - wrapped.report()["autodiff_peak"] >= logits
+    for seed in range(2):
+        _same_step(wrapped, eager, lambda out: out["loss"], seed)
+    assert wrapped.rebuilds == 0
+
+
+def test_a_backward_through_the_logits_gets_eager_gradients_and_rebuilds_once(caplog):
+    model = _model()
+    eager = copy.deepcopy(model)
+    wrapped = HRockmate(model, _data(), 0.8, **SOLVE)
+    with_logits = (lambda out: out["loss"] + out["logits"].pow(2).mean())
+    with caplog.at_level(logging.WARNING, logger="hiremate"):
+        _same_step(wrapped, eager, with_logits, 0)
+    assert [r for r in caplog.records if "besides its scalar ones" in r.getMessage()]
+    assert wrapped.rebuilds == 1
+    assert wrapped.hiremate_config.output_gradients == "all"
+    assert "untangented_outputs" not in wrapped.graph.meta
+    for seed, loss in ((1, with_logits), (2, lambda out: out["loss"])):
+        _same_step(wrapped, eager, loss, seed)
+    assert wrapped.rebuilds == 1
+
+
+def test_a_bare_module_says_what_to_do():
+    model = _model()
+    graph = build_graph(model, _data(), cost_model="flops", output_gradients="scalars")
+    module = RematModule(model, graph, autodiff_schedule(graph))
+    out = module(*_data())
+    with pytest.raises(OutputGradientError, match="output_gradients='all'") as info:
+        out["logits"].sum().backward()
+    assert isinstance(info.value, ExecutionError) and isinstance(info.value, RuntimeError)
+    out = module(*_data())
+    out["loss"].backward()  # the loss alone runs the schedule
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_a_loss_applied_outside_keeps_every_output_differentiated():
+    model = _model()
+    wrapped = HRockmate(model, _data(), 0.9, loss_fn=lambda out: out["logits"].logsumexp(1).mean(),
+                        capture_loss=False, **SOLVE)
+    assert "untangented_outputs" not in wrapped.graph.meta
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match="output_gradients"):
+        HRockmate(_model(), _data(), 0.8, output_gradients="loss", **SOLVE)
+    with pytest.raises(ConfigError, match="output_gradients"):
+        build_graph(_model(), _data(), output_gradients="auto")
+
+
+def test_the_measured_loss_is_the_scalar_output_when_there_is_one():
+    scalar = torch.tensor(2.0, requires_grad=True)
+    logits = torch.ones(3, 4, requires_grad=True)
+    assert loss_of((scalar, logits)) is not None
+    assert loss_of((scalar, logits)).item() == 2.0
+    assert loss_of((logits,)).item() == 12.0
