@@ -100,7 +100,9 @@ class HRockmate(ModelWrapper):
       gradient, a squared error's residual and its scaled copy), and that is reserved.
 
     The gradients of the outputs that the loss hands to the backward are counted by the graph,
-    and so are the random-generator states kept to rerun random ops.
+    and so are the random-generator states kept to rerun random ops. A model that returns a
+    scalar loss beside other outputs (a Hugging Face model given labels) is taken to be trained
+    from the loss alone (config ``output_gradients``, docs/design.md "The executor").
 
     Building leaves ``model`` as it was: parameters, buffers, ``.grad`` and the global RNG
     states (:func:`hiremate.runtime.preserve.preserved` around the whole build). A call with inputs of
