@@ -67,8 +67,9 @@ def normalise_sample(sample: Any) -> tuple[tuple, dict]:
 
 
 #: which differentiable outputs get a tangent: ``all``, or ``scalars`` (when some are 0-dim
-#: beside others, only those: a model that returns its loss with its logits is trained from
-#: the loss, and a tangent for the logits would be an output-sized zero held by the backward)
+#: beside others, only those, by name ``loss`` in named outputs: :func:`_loss_outputs`; a model
+#: that returns its loss with its logits is trained from the loss, and a tangent for the
+#: logits would be an output-sized zero held by the backward)
 OUTPUT_GRADIENTS = ("all", "scalars")
 
 
@@ -387,7 +388,7 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
             "nothing to rematerialise; check that parameters have requires_grad=True"
         )
     untangented: list[int] = []
-    scalars = [i for i in diff if flat_out[i].dim() == 0]
+    scalars = _loss_outputs(out, flat_out, diff)
     if output_gradients == "scalars" and scalars and len(scalars) < len(diff):
         untangented = [i for i in diff if i not in scalars]
         diff = scalars
@@ -446,6 +447,22 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         last_forward=marker["last"], output_spec=out_spec, input_spec=spec, constants=constants,
         guards=recorder.guards,
     )
+
+
+def _loss_outputs(out: Any, flat_out: list, diff: list[int]) -> list[int]:
+    """Of the differentiable flat outputs ``diff``, the 0-dim ones, which a backward is taken
+    to start from (``output_gradients="scalars"``); in an output with named entries (a dict, a
+    Hugging Face ``ModelOutput``) only the one named ``loss``: without labels a mixture of
+    experts returns its auxiliary loss beside the logits, and the training loss uses both."""
+    scalars = [i for i in diff if flat_out[i].dim() == 0]
+    try:
+        paths = [path for path, _ in pytree.tree_flatten_with_path(out)[0]]
+    except Exception:  # a pytree node registered without keys: positions only
+        return scalars
+    names = [[getattr(k, "key", getattr(k, "name", None)) for k in path] for path in paths]
+    if not any(isinstance(n, str) for entry in names for n in entry):
+        return scalars
+    return [i for i in scalars if names[i][:1] == ["loss"]]
 
 
 def _devices(tensors: list[torch.Tensor], params: dict) -> list[int]:

@@ -102,6 +102,28 @@ def test_a_backward_through_the_logits_gets_eager_gradients_and_rebuilds_once(ca
     assert wrapped.rebuilds == 1
 
 
+class Returns(nn.Module):
+    """``LossAndLogits`` with its outputs in another form."""
+
+    def __init__(self, form: str):
+        super().__init__()
+        self.inner, self.form = LossAndLogits(), form
+
+    def forward(self, x, y):
+        out = self.inner(x, y)
+        if self.form == "tuple":
+            return out["loss"], out["logits"]
+        # a mixture of experts without labels: an auxiliary loss beside the logits
+        return {"aux_loss": out["loss"], "logits": out["logits"]}
+
+
+@pytest.mark.parametrize("form, untangented", [("tuple", [1]), ("aux-loss", None)])
+def test_which_outputs_are_taken_to_get_no_gradient(form, untangented):
+    graph = build_graph(Returns(form).double(), _data(), cost_model="flops",
+                        output_gradients="scalars")
+    assert graph.meta.get("untangented_outputs") == untangented
+
+
 def test_a_bare_module_says_what_to_do():
     model = _model()
     graph = build_graph(model, _data(), cost_model="flops", output_gradients="scalars")

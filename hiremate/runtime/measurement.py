@@ -174,9 +174,9 @@ def _loss_attribute(out: Any) -> torch.Tensor | None:
 
 def loss_of(out: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> torch.Tensor:
     """The scalar to differentiate: ``loss_fn(out)``, else ``out.loss``, else the sum of the
-    sums of every floating-point output tensor that requires grad; when some of those are 0-dim
-    beside others (a loss returned with the logits), of the 0-dim ones only, as
-    ``HRockmate`` assumes by default (config ``output_gradients``)."""
+    sums of every floating-point output tensor that requires grad; in a tuple or list where
+    some of those are 0-dim beside others (a loss returned with the logits), of the 0-dim ones
+    only, as ``HRockmate`` assumes by default (config ``output_gradients``)."""
     if loss_fn is not None:
         loss = loss_fn(out)
         source = "loss_fn(output)"
@@ -185,7 +185,9 @@ def loss_of(out: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> t
         source = "output.loss"
         if loss is None:
             outputs = [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
-            scalars = [t for t in outputs if t.dim() == 0]
+            # a tuple (loss, logits); named outputs without a "loss" entry are summed whole
+            scalars = ([t for t in outputs if t.dim() == 0] if not isinstance(out, Mapping)
+                       else [])
             terms = [t.sum() for t in (scalars or outputs)]
             if not terms:
                 raise ConfigError(
