@@ -95,9 +95,10 @@ class HRockmate(ModelWrapper):
     - With ``loss_fn`` and ``capture_loss=False``, a call returns the model's outputs, the loop
       applies ``loss_fn`` to them, and what the loss allocates is measured once at build (the
       loss run on the model's outputs and differentiated back to them) and reserved.
-    - Without ``loss_fn``, the loss is taken to need two tensors the size of the
-      differentiable outputs besides their gradients (cross-entropy's log-softmax and its
-      gradient, a squared error's residual and its scaled copy), and that is reserved.
+    - Without ``loss_fn``, the loss is taken to need two tensors the size of the outputs it
+      differentiates besides their gradients (cross-entropy's log-softmax and its gradient, a
+      squared error's residual and its scaled copy), and that is reserved; a loss the model
+      returns itself (below) needs nothing more.
 
     The gradients of the outputs that the loss hands to the backward are counted by the graph,
     and so are the random-generator states kept to rerun random ops. A model that returns a

@@ -124,6 +124,16 @@ def test_which_outputs_are_taken_to_get_no_gradient(form, untangented):
     assert graph.meta.get("untangented_outputs") == untangented
 
 
+def test_a_loaded_module_rebuilds_as_the_saved_one_would(tmp_path):
+    model = _model()
+    eager = copy.deepcopy(model)
+    HRockmate(model, _data(), 0.8, **SOLVE).save(tmp_path / "saved.json")
+    loaded = HRockmate.load(model, tmp_path / "saved.json")
+    assert loaded.graph.meta["untangented_outputs"] == [1]
+    _same_step(loaded, eager, lambda out: out["loss"] + out["logits"].mean(), 0)
+    assert loaded.rebuilds == 1
+
+
 def test_a_bare_module_says_what_to_do():
     model = _model()
     graph = build_graph(model, _data(), cost_model="flops", output_gradients="scalars")
