@@ -315,7 +315,11 @@ class HRockmate(ModelWrapper):
                     "every output differentiated (set output_gradients='all' to start so)",
                     type(self.wrapped_model).__name__)
         cfg = dataclasses.replace(self.hiremate_config, output_gradients="all")
-        built = self._take_over(args, kwargs, cfg)
+        # the backward runs outside the forward's autocast: capture under the graph's again
+        cast = self.graph.meta.get("autocast")
+        with torch.autocast(torch.device(self.graph.meta.get("device", "cpu")).type,
+                            dtype=getattr(torch, cast or "float32"), enabled=cast is not None):
+            built = self._take_over(args, kwargs, cfg)
         return differentiate_again(built.executor, args, kwargs, *rest)
 
     def _recapture(self, args: tuple, kwargs: dict, error: InputMismatchError):

@@ -134,6 +134,33 @@ def test_a_loaded_module_rebuilds_as_the_saved_one_would(tmp_path):
     assert loaded.rebuilds == 1
 
 
+def test_the_rebuild_keeps_the_autocast_of_the_capture(caplog):
+    """The backward runs outside the forward's autocast; the module captured again there is
+    still the autocast's program, and serves the next calls under it."""
+    torch.manual_seed(0)
+    model = LossAndLogits()
+    eager = copy.deepcopy(model)
+    x, y = (t.float() if t.is_floating_point() else t for t in _data())
+
+    def step(module, seed):
+        module.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(x, y)
+        (out["loss"] + out["logits"].float().pow(2).mean()).backward()
+        return [p.grad for p in module.parameters()]
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        wrapped = HRockmate(model, (x, y), 0.8, **SOLVE)
+    for seed in range(2):
+        with caplog.at_level(logging.WARNING, logger="hiremate"):
+            ours, theirs = step(wrapped, seed), step(eager, seed)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert wrapped.graph.meta["autocast"] == "bfloat16" and wrapped.rebuilds == 1
+    assert not [r for r in caplog.records if "plain forward" in r.getMessage()]
+
+
 def test_a_bare_module_says_what_to_do():
     model = _model()
     graph = build_graph(model, _data(), cost_model="flops", output_gradients="scalars")
