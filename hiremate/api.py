@@ -186,7 +186,8 @@ class HRockmate(ModelWrapper):
                 self._loss_fn is not None and self._loss_step is None)
             graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir,
                                 output_gradients="scalars" if scalars else "all")
-        loss_bytes = self._loss_bytes(model, graph, sample)
+        loss_bytes = solving.loss_bytes(model, graph, sample, self._loss_fn,
+                                        self._loss_step is not None)
         target = step_budget(budget, graph, loss_bytes)
         result = None
         if variant:  # a fraction is of these inputs' peak, but never less than the sample had
@@ -210,21 +211,6 @@ class HRockmate(ModelWrapper):
     def _runs(self, model: torch.nn.Module) -> torch.nn.Module:
         """What is captured and run: the model, or the model and its loss as one module."""
         return model if self._loss_step is None else self._loss_step
-
-    def _loss_bytes(self, model: torch.nn.Module, graph: Graph, sample: Any) -> int:
-        """What the loss allocates between the forward and the backward beyond the output
-        gradients the graph counts: measured by running ``loss_fn`` on the model's outputs
-        when one was given, else twice the size of the differentiable outputs: at the start
-        of its backward, cross-entropy holds its log-softmax and that tensor's gradient, a
-        squared error its residual and the residual's scaled copy, each the output's size."""
-        grads = graph.tangent_bytes
-        if self._loss_step is not None:  # the loss is in the graph; its gradient is a scalar
-            return 0
-        if self._loss_fn is None or sample is None:
-            return 2 * int(grads)
-        from hiremate.runtime.measurement import loss_memory
-
-        return int(loss_memory(model, sample, self._loss_fn, grads))
 
     @classmethod
     def from_graph(cls, model: torch.nn.Module, graph: Graph, budget: int | float | str,
@@ -317,9 +303,15 @@ class HRockmate(ModelWrapper):
         cfg = dataclasses.replace(self.hiremate_config, output_gradients="all")
         # the backward runs outside the forward's autocast: capture under the graph's again
         cast = self.graph.meta.get("autocast")
-        with torch.autocast(torch.device(self.graph.meta.get("device", "cpu")).type,
-                            dtype=getattr(torch, cast or "float32"), enabled=cast is not None):
-            built = self._take_over(args, kwargs, cfg)
+        try:
+            with torch.autocast(torch.device(self.graph.meta.get("device", "cpu")).type,
+                                dtype=getattr(torch, cast or "float32"), enabled=cast is not None):
+                built = self._take_over(args, kwargs, cfg)
+        except InfeasibleBudgetError as exc:
+            raise InfeasibleBudgetError(
+                f"the backward reached outputs besides the loss, so the model was solved again "
+                f"with every output differentiated (their gradients take memory too), but: {exc}",
+                min_budget=exc.min_budget) from exc
         return differentiate_again(built.executor, args, kwargs, *rest)
 
     def _recapture(self, args: tuple, kwargs: dict, error: InputMismatchError):

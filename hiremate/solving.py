@@ -197,3 +197,21 @@ def calibrate(first: Built, sample: Any, budget: int, cfg: Config, solve_time: f
                      for t in tried],
         calibration_time=time.perf_counter() - start)
     return best
+
+
+def loss_bytes(model, graph: Graph, sample: Any, loss_fn: Callable | None,
+               loss_captured: bool) -> int:
+    """What the loss allocates between the forward and the backward beyond the output
+    gradients the graph counts: nothing when the loss is in the graph (its gradient is a
+    scalar); measured by running ``loss_fn`` on the model's outputs when one was given; else
+    twice the size of the outputs the graph differentiates: at the start of its backward,
+    cross-entropy holds its log-softmax and that tensor's gradient, a squared error its
+    residual and the residual's scaled copy, each the output's size."""
+    grads = graph.tangent_bytes
+    if loss_captured:
+        return 0
+    if loss_fn is None or sample is None:
+        return 2 * int(grads)
+    from hiremate.runtime.measurement import loss_memory
+
+    return int(loss_memory(model, sample, loss_fn, grads))

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from hiremate import HRockmate, build_graph
-from hiremate.errors import ConfigError, ExecutionError, OutputGradientError
+from hiremate.errors import (ConfigError, ExecutionError, InfeasibleBudgetError,
+                             OutputGradientError)
 from hiremate.ir.simulator import autodiff_schedule
 from hiremate.runtime.executor import RematModule
 from hiremate.runtime.measurement import loss_of
@@ -159,6 +160,15 @@ def test_the_rebuild_keeps_the_autocast_of_the_capture(caplog):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert wrapped.graph.meta["autocast"] == "bfloat16" and wrapped.rebuilds == 1
     assert not [r for r in caplog.records if "plain forward" in r.getMessage()]
+
+
+def test_a_rebuild_that_cannot_fit_the_budget_says_why():
+    """Bytes that fit the loss's backward but not one that also differentiates the logits."""
+    wrapped = HRockmate(_model(), _data(), 600_000, **SOLVE)
+    out = wrapped(*_data())
+    with pytest.raises(InfeasibleBudgetError, match="besides the loss") as info:
+        (out["loss"] + out["logits"].mean()).backward()
+    assert info.value.min_budget > 600_000
 
 
 def test_a_bare_module_says_what_to_do():
