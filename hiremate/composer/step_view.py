@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from hiremate.ir.graph import DataKind, Graph
 from hiremate.ir.schedule import Delete, Schedule
+from hiremate.ir.simulator import replay_state_bytes
 
 
 def rng_state_reserve(graph: Graph) -> int:
@@ -83,8 +84,15 @@ def step_view(graph: Graph, loss_bytes: int, rng_states: bool) -> StepView:
       later rerun can exceed the view by the states kept (the walk of
       :func:`hiremate.composer.whole_step.solve_whole_step` checks and corrects).
 
-    Without states the view's peak on a schedule is the rule's."""
+    The states of a call's start that a backward may need to run the call again
+    (:func:`~hiremate.ir.simulator.replay_state_bytes`) are held through the whole step: every
+    node's temporary memory grows by them, with or without ``rng_states``. Without states the
+    view's peak on a schedule is the rule's."""
     payload = graph.to_dict()
+    replay = replay_state_bytes(graph)
+    if replay:
+        for node in payload["nodes"]:
+            node["overhead"] += replay
     for datum in payload["data"]:
         if datum["kind"] == DataKind.TANGENT.value:
             datum["kind"] = DataKind.INPUT_GRAD.value

@@ -71,6 +71,19 @@ def simulate(graph: Graph, schedule: Schedule, trace: bool = False) -> Simulatio
     return result()
 
 
+def replay_state_bytes(graph: Graph) -> int:
+    """The generator states a call keeps from the start of its forward to the end of its
+    backward when the graph gives some differentiable outputs no tangent
+    (``meta["untangented_outputs"]``) and has random ops: a backward that reaches such an
+    output runs the call again from them (:mod:`hiremate.runtime.executor`). Counted as the
+    other states are: the CPU generator's, on the CPU."""
+    per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
+    if per_state and graph.meta.get("untangented_outputs") and any(n.random
+                                                                   for n in graph.nodes):
+        return per_state
+    return 0
+
+
 def step_peak(graph: Graph, schedule: Schedule, loss_bytes: int = 0, *,
               rng_states: bool = True) -> int:
     """The peak of a whole training step that runs ``schedule``: the simulator's, plus what
@@ -86,13 +99,17 @@ def step_peak(graph: Graph, schedule: Schedule, loss_bytes: int = 0, *,
       run of a random node that the schedule runs again, it saves the generator state
       (``graph.meta["rng_state_bytes"]``: the CPU generator's, a few KiB, counted when the
       model runs on the CPU; a GPU's is kept in host memory) and frees it after the last
-      rerun; during a rerun it also holds the state it interrupted."""
+      rerun; during a rerun it also holds the state it interrupted; and the states of the
+      call's start, through the whole step, when a backward may have to run the call again
+      (:func:`replay_state_bytes`)."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0) if rng_states else 0
+    replay = replay_state_bytes(graph) if rng_states else 0
     data = graph.data
     tangent_deletes = [(i, data[step.data].size) for i, step in enumerate(schedule)
                        if isinstance(step, Delete) and 0 <= step.data < len(data)
                        and data[step.data].kind is DataKind.TANGENT]
-    sim = simulate(graph, schedule, trace=per_state > 0 or loss_bytes > 0 or bool(tangent_deletes))
+    sim = simulate(graph, schedule,
+                   trace=per_state > 0 or loss_bytes > 0 or bool(tangent_deletes) or replay > 0)
     if sim.trace is None:
         return sim.peak
     held = [0] * (len(schedule) + 1)  # a difference array over the steps
@@ -111,7 +128,7 @@ def step_peak(graph: Graph, schedule: Schedule, loss_bytes: int = 0, *,
             rerun.update(steps[1:])
     loss_steps = {i for i, step in enumerate(schedule)
                   if isinstance(step, Compute) and step.node == graph.loss}
-    peak, running = sim.trace.start, 0
+    peak, running = sim.trace.start + replay, replay
     for i, during in enumerate(sim.trace.during):
         running += held[i]
         # a rerun also keeps the state it interrupts, to continue from it afterwards

@@ -115,6 +115,9 @@ class RematModule(torch.nn.Module):
         # differentiable outputs the backward is assumed not to reach (no tangent in the graph)
         self._untangented_pos = [tensor_pos[i] for i in meta.get("untangented_outputs", [])]
         self._on_output_gradient = on_output_gradient
+        # a rerun for such an output needs the generators' states of the call's start when the
+        # graph draws random numbers (counted: hiremate.ir.simulator.replay_state_bytes)
+        self._replays_random = any(n.random for n in graph.nodes)
         self._consts = {i: decode_arg(o["const"], {}) for i, o in enumerate(self._out_values)
                         if not isinstance(o, str)}
         self._n_params = len(self._param_names)
@@ -286,7 +289,8 @@ class RematModule(torch.nn.Module):
                 "computes none for them: build the graph again (HRockmate does so by itself)")
         if training:
             # what a backward that reaches an untangented output needs to run the call again
-            replay = ((args, kwargs, generator_states(_cuda_index(device)))
+            replay = ((args, kwargs, generator_states(_cuda_index(device))
+                       if self._replays_random else None)
                       if self._untangented_pos else None)
             run = _Run(self, device, frozen, buffers, replay)
             outs = _RematFunction.apply(run, len(inputs), *inputs, *params)
@@ -337,7 +341,8 @@ def differentiate_again(module: RematModule, args: tuple, kwargs: dict, states: 
                         needs: tuple) -> list[torch.Tensor | None]:
     """Gradients of ``inputs`` and ``params`` (where ``needs`` says) for ``grad_outputs``,
     from ``module`` (a module of the same model and inputs whose graph gives every output a
-    tangent) run again on ``args``/``kwargs`` from the generator ``states`` of the first run,
+    tangent) run again on ``args``/``kwargs`` from the generator ``states`` of the first run
+    (None when it drew no random numbers),
     so that its random ops draw what they drew then; what the rerun writes (buffers) and draws
     is undone (:func:`hiremate.runtime.preserve.preserved`)."""
     from hiremate.runtime.preserve import preserved
@@ -345,8 +350,9 @@ def differentiate_again(module: RematModule, args: tuple, kwargs: dict, states: 
 
     wrt = [t for t, need in zip([*inputs, *params], needs) if need]
     with preserved(module.model), torch.enable_grad():
-        set_generator_states(_cuda_index(params[0].device if params else inputs[0].device),
-                             states)
+        if states is not None:  # the call drew random numbers: draw them again
+            set_generator_states(_cuda_index(params[0].device if params else inputs[0].device),
+                                 states)
         outs = module.call_flat(*args, **kwargs)
         pairs = [(o, g) for o, g in zip(outs, grad_outputs)
                  if g is not None and o.requires_grad]
