@@ -305,8 +305,7 @@ class RematModule(torch.nn.Module):
                               grad_outputs: tuple, needs: tuple) -> list:
         """Gradients of a call whose backward reached an output the graph gives no tangent
         (``on_output_gradient``, see the class docstring)."""
-        names = [self._out_values[i] for i in range(len(self._out_values))
-                 if isinstance(self._out_values[i], str)]
+        names = [v for v in self._out_values if isinstance(v, str)]  # the tensor outputs'
         reached = [names[pos] for pos in self._untangented_pos if grad_outputs[pos] is not None]
         if self._on_output_gradient is None or run.replay is None:
             raise OutputGradientError(
@@ -342,9 +341,9 @@ def differentiate_again(module: RematModule, args: tuple, kwargs: dict, states: 
     """Gradients of ``inputs`` and ``params`` (where ``needs`` says) for ``grad_outputs``,
     from ``module`` (a module of the same model and inputs whose graph gives every output a
     tangent) run again on ``args``/``kwargs`` from the generator ``states`` of the first run
-    (None when it drew no random numbers),
-    so that its random ops draw what they drew then; what the rerun writes (buffers) and draws
-    is undone (:func:`hiremate.runtime.preserve.preserved`)."""
+    (None when it drew no random numbers), so that its random ops draw what they drew then;
+    what the rerun writes (buffers) and draws is undone
+    (:func:`hiremate.runtime.preserve.preserved`)."""
     from hiremate.runtime.preserve import preserved
     from hiremate.runtime.rng import set_generator_states
 
