@@ -296,6 +296,8 @@ class HRockmate(ModelWrapper):
         ``on_output_gradient``)."""
         from hiremate.runtime.executor import differentiate_again
 
+        if "untangented_outputs" not in self.graph.meta:  # an earlier call rebuilt it already
+            return differentiate_again(self.executor, args, kwargs, *rest)
         log.warning("the backward reached an output of %s besides its scalar ones (the loss), "
                     "which the schedule was solved without: capturing and solving it again with "
                     "every output differentiated (set output_gradients='all' to start so)",

@@ -127,6 +127,23 @@ def test_which_outputs_are_taken_to_get_no_gradient(form, untangented):
     assert graph.meta.get("untangented_outputs") == untangented
 
 
+def test_two_calls_before_one_backward_through_the_logits_rebuild_once():
+    """As a siamese or contrastive loss: both calls' backwards reach the logits."""
+    model = _model()
+    eager = copy.deepcopy(model)
+    wrapped = HRockmate(model, _data(), 0.8, **SOLVE)
+    x, y = _data()
+    grads = []
+    for module in (wrapped, eager):
+        torch.manual_seed(0)
+        a, b = module(x, y), module(x.flip(0), y)
+        (a["loss"] + b["loss"] + (a["logits"] - b["logits"]).pow(2).mean()).backward()
+        grads.append([p.grad for p in module.parameters()])
+    for g, h in zip(*grads):
+        assert torch.allclose(g, h, rtol=0, atol=1e-12)
+    assert wrapped.rebuilds == 1
+
+
 def test_a_loaded_module_rebuilds_as_the_saved_one_would(tmp_path):
     model = _model()
     eager = copy.deepcopy(model)
