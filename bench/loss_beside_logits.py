@@ -7,9 +7,12 @@ the graph's autodiff peak) with each setting, and ``auto`` also at the bytes ``a
 (the same memory). For each: the graph's autodiff peak over eager's measured peak, the budget,
 the solve's seconds and predicted time over autodiff's, and the measured step (``out.loss.
 backward()``): its peak over the budget and over eager's, and its time over eager's, the
-fastest of ``--rounds`` rounds that alternate the two. Run::
+fastest of ``--rounds`` rounds that alternate the two. ``--zoo`` instead solves the capture
+issue's Hugging Face models (``tests/capture_zoo.py``) given labels with FLOP costs (predicted
+figures only). Run::
 
     python bench/loss_beside_logits.py --json out.json
+    python bench/loss_beside_logits.py --zoo llama gpt2 bert_mlm t5 whisper
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -37,6 +42,29 @@ def paired(model, wrapped, inputs: dict, rounds: int) -> tuple:
     return best[0], best[1]
 
 
+def zoo(names: list[str]) -> None:
+    """Per model: autodiff peak and predicted time over autodiff's at 0.5 with ``all`` and
+    ``auto``, and with ``auto`` at the bytes ``all`` was given."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import capture_zoo
+
+    def wrap(name: str, budget, setting: str) -> dict:
+        model, sample, _ = capture_zoo.get(name).build()
+        sample = dict(sample)
+        if "labels" not in sample:  # the tokens the decoder (or the model) reads
+            sample["labels"] = sample.get("decoder_input_ids", sample.get("input_ids")).clone()
+        return HRockmate(model, sample, budget, cache=False, calibrate=0, cost_model="flops",
+                         output_gradients=setting, n_jobs=2).report()
+
+    print("model      autodiff peak, all / auto   pred. rel. time, all / auto / auto at all's")
+    for name in names:
+        every, auto = wrap(name, 0.5, "all"), wrap(name, 0.5, "auto")
+        same = wrap(name, int(every["budget"]), "auto")
+        print(f"{name:10} {every['autodiff_peak']:13,} / {auto['autodiff_peak']:<11,} "
+              f"{every['relative_time']:.4f} / {auto['relative_time']:.4f} / "
+              f"{same['relative_time']:.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=6)
@@ -48,9 +76,14 @@ def main() -> None:
     parser.add_argument("--cost", default="auto")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--zoo", nargs="+", metavar="CASE",
+                        help="capture-zoo models instead (tests/capture_zoo.py names)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
+    if args.zoo:
+        zoo(args.zoo)
+        return
     model = gpt2(args.layers, args.width, args.vocab)
     sample = batch(args.batch, args.length, args.vocab, 0)
     inputs = batch(args.batch, args.length, args.vocab, 1)
