@@ -235,3 +235,5 @@ def test_the_measured_loss_is_the_scalar_output_when_there_is_one():
     assert loss_of((scalar, logits)) is not None
     assert loss_of((scalar, logits)).item() == 2.0
     assert loss_of((logits,)).item() == 12.0
+    # named outputs without a "loss" entry (an auxiliary loss beside the logits): all of them
+    assert loss_of({"aux_loss": scalar, "logits": logits}).item() == 14.0
