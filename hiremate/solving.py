@@ -12,12 +12,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hiremate.composer.whole_step import solve_whole_step, step_budget
+from hiremate.composer.step_view import step_view
+from hiremate.composer.whole_step import solve_whole_step, step_budget, whole_step_report
 from hiremate.config import Config, load_config
 from hiremate.errors import ConfigError, InfeasibleBudgetError
 from hiremate.graphbuilder.capture import normalise_sample
 from hiremate.ir.graph import DataKind, Graph, same_structure
 from hiremate.ir.schedule import Schedule
+from hiremate.ir.simulator import autodiff_schedule
+from hiremate.solvers.hilp.moment_bound import moment_time_bound
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +63,6 @@ def transfer_schedule(graph: Graph, budget: int, loss_bytes: int,
     fastest wins; when it is further from ``graph``'s lower bound than its source was from
     its own (the budget leaves more room here), ``cfg.polish``'s annealing starts from it."""
     from hiremate.composer.solve import SolveResult
-    from hiremate.composer.step_view import step_view
-    from hiremate.composer.whole_step import whole_step_report
-    from hiremate.ir.simulator import autodiff_schedule
-    from hiremate.solvers.hilp.moment_bound import moment_time_bound
 
     start = time.perf_counter()
     keep_all = SolveResult(autodiff_schedule(graph), None, {"solver": "autodiff"})
@@ -89,7 +88,9 @@ def transfer_schedule(graph: Graph, budget: int, loss_bytes: int,
     if best is None:
         return None
     result, report, src_graph = best
-    bound = moment_time_bound(step_view(graph, loss_bytes, rng_states=False).graph, budget)
+    # autodiff's schedule runs each node once: no schedule is faster, so it is its own bound
+    bound = (result.sim.time if src_graph is None else
+             moment_time_bound(step_view(graph, loss_bytes, rng_states=False).graph, budget))
     gap, source_gap = result.sim.time / bound, report.get("relative_time_bound")
     if src_graph is not None and source_gap and gap > (1 + TRANSFER_SLACK) * (
             report["relative_time"] / source_gap):
@@ -112,8 +113,6 @@ def _polished(graph: Graph, budget: int, loss_bytes: int, result: Any, cfg: Conf
     step as the solvers see it (:func:`~hiremate.composer.step_view.step_view`, generator
     states counted), whose whole step still fits ``budget``."""
     from hiremate.composer.solve import SolveResult
-    from hiremate.composer.step_view import step_view
-    from hiremate.composer.whole_step import whole_step_report
     from hiremate.registry import make_solver
 
     view = step_view(graph, loss_bytes, rng_states=True)
