@@ -36,7 +36,12 @@ that proved nothing and that the hierarchy's schedules beat runs once more, warm
 them: within the same work limit, the search then starts from the better schedule instead of
 TW-Remat's. When no other flat solver fits the budget, the flat H-ILP's only start would be full
 recomputation, so it does not run first: it runs once, after the hierarchy, warm-started from
-its schedules (``flat_deferred`` in the report).
+its schedules (``flat_deferred`` in the report). With ``flat_gap`` (a fraction; null: off), the
+flat H-ILP waits for the hierarchy and the polish, and runs only where their best schedule is
+more than that fraction above the moment bound, a time no in-order schedule beats
+(``flat_gate`` in the report; :mod:`hiremate.composer.flat`): its MILP takes tens of seconds
+to minutes on graphs of 60-90 compute nodes, and where the bound leaves little it cannot win
+more.
 When the hierarchy's top level finds no schedule within the budget (and the budget
 is not below the graph's memory floor, where none could), the graph is partitioned again with a
 top at most half as large (the partitioner's ``coarser``), up to ``coarser_tops`` times: the
@@ -98,6 +103,7 @@ class Config:
     flat_max_nodes: int = 250
     hierarchical_above: float = 1.0  # skip the hierarchy when a flat schedule is this fast
     flat_rewarm: bool = False    # flat H-ILP again, warm-started from the hierarchy's schedules
+    flat_gap: float | None = None  # flat H-ILP only where the others leave more to the bound
     coarser_tops: int = 2        # partitions with a smaller top tried when the top finds nothing
     solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_options: int = 8           # options kept per block at most
@@ -196,6 +202,11 @@ class Config:
             if hasattr(self, key) and not isinstance(getattr(self, key), typ):
                 raise ConfigError(f"{key} must be a {typ.__name__}, got {getattr(self, key)!r}")
         check_progress(self.progress)
+        if self.flat_gap is not None and (isinstance(self.flat_gap, bool) or not isinstance(
+                self.flat_gap, (int, float)) or not self.flat_gap >= 0):
+            raise ConfigError(f"flat_gap must be a fraction >= 0 (the flat H-ILP runs where the "
+                              f"best other schedule is more than that above the bound) or "
+                              f"null (always), got {self.flat_gap!r}")
         for key, typ in (("flat_max_nodes", int), ("hierarchical_above", (int, float)),
                          ("sequence_max_block", int)):
             v = getattr(self, key, 0)

@@ -112,7 +112,7 @@ def test_flat_rewarm_starts_the_flat_hilp_from_the_hierarchys_schedule(monkeypat
     """``flat_rewarm``: a flat H-ILP that proved nothing runs again warm-started from the faster
     schedules of the other paths, so it is never slower than the best of them; it does not run
     when its own schedule was proven optimal or nothing beats it."""
-    from hiremate.composer.solve import Candidate, _Paths, _rewarm_flat
+    from hiremate.composer.flat import Candidate, Paths, rewarm_flat
     from hiremate.solvers.hilp.flat import phases_to_schedule, recompute_phases
 
     graph = random_graph(3, 12)
@@ -123,25 +123,25 @@ def test_flat_rewarm_starts_the_flat_hilp_from_the_hierarchys_schedule(monkeypat
     # one branch-and-bound node: only the warm start can make the MILP's schedule this fast
     cfg = load_config("hiremate", solver_params={"hilp": {"work_limit": 1, "max_nodes": 90}})
 
-    def paths(own_optimal: bool, other) -> _Paths:
-        found = _Paths()
+    def paths(own_optimal: bool, other) -> Paths:
+        found = Paths()
         found.candidates.append(Candidate(slow, hiremate.simulate(graph, slow), "hilp",
                                           {"optimal": own_optimal}))
         found.candidates.append(Candidate(other, hiremate.simulate(graph, other), "hilp-top"))
         return found
 
-    import hiremate.composer.solve as composer_solve
+    import hiremate.composer.flat as composer_flat
 
     given_hints = []
-    real = composer_solve.flat_candidate
+    real = composer_flat.flat_candidate
 
     def spy(name, params, graph, budget, hints=()):
         given_hints.append(list(hints))
         return real(name, params, graph, budget, hints=hints)
 
-    monkeypatch.setattr(composer_solve, "flat_candidate", spy)
+    monkeypatch.setattr(composer_flat, "flat_candidate", spy)
     found, report = paths(False, autodiff), {}
-    _rewarm_flat(graph, budget, cfg, found, report)
+    rewarm_flat(graph, budget, cfg, found, report)
     assert given_hints == [[autodiff]]  # the faster schedule, and only it
     rewarmed = [c for c in found.candidates if c.source == "hilp:rewarm"]
     assert len(rewarmed) == 1 and "flat_rewarm" in report
@@ -149,7 +149,7 @@ def test_flat_rewarm_starts_the_flat_hilp_from_the_hierarchys_schedule(monkeypat
     assert rewarmed[0].sim.time <= hiremate.simulate(graph, autodiff).time * (1 + 1e-9)
     for found in (paths(True, autodiff), paths(False, slow)):  # proven, or nothing better
         report = {}
-        _rewarm_flat(graph, budget, cfg, found, report)
+        rewarm_flat(graph, budget, cfg, found, report)
         assert not report and all(c.source != "hilp:rewarm" for c in found.candidates)
 
 
@@ -157,19 +157,20 @@ def test_flat_hilp_waits_for_the_hierarchy_when_no_flat_heuristic_fits(monkeypat
     """With ``flat_rewarm``, a flat H-ILP whose only warm start would be full recomputation
     (no other flat solver fits the budget) is deferred: it runs once, after the hierarchy,
     warm-started from the other paths' fastest schedules, never slower than the best of them.
-    When a flat heuristic fits, it runs first, cold, as before."""
-    import hiremate.composer.solve as composer_solve
+    When a flat heuristic fits, it runs first, cold, as before. (Without ``flat_gap``: with it,
+    the flat H-ILP always waits, tests/test_flat_gate.py.)"""
+    import hiremate.composer.flat as composer_flat
 
     graph = random_graph(3, 12)
     calls = []
-    real = composer_solve.flat_candidate
+    real = composer_flat.flat_candidate
 
     def spy(name, params, graph, budget, hints=()):
         calls.append((name, list(hints)))
         return real(name, params, graph, budget, hints=hints)
 
-    monkeypatch.setattr(composer_solve, "flat_candidate", spy)
-    alone = load_config("hiremate", flat=["hilp"])  # no flat heuristic: nothing fits before it
+    monkeypatch.setattr(composer_flat, "flat_candidate", spy)
+    alone = load_config("hiremate", flat=["hilp"], flat_gap=None)  # nothing fits before it
     res = solve_graph(graph, 0.85, alone, cache=False, calibrate=0, n_jobs=1)
     assert [name for name, _ in calls] == ["hilp"]  # once, and warm
     assert calls[0][1] and res.report["hierarchical_path"]
@@ -180,7 +181,7 @@ def test_flat_hilp_waits_for_the_hierarchy_when_no_flat_heuristic_fits(monkeypat
     assert deferred["time"] is not None and deferred["time"] <= min(others) * (1 + 1e-9)
 
     calls.clear()
-    with_twremat = load_config("hiremate", flat=["hilp", "twremat"])
+    with_twremat = load_config("hiremate", flat=["hilp", "twremat"], flat_gap=None)
     res = solve_graph(graph, 1.0, with_twremat, cache=False, calibrate=0, n_jobs=1)
     assert [name for name, _ in calls][:2] == ["twremat", "hilp"] and calls[1][1] == []
     assert "flat_deferred" not in res.report

@@ -58,11 +58,12 @@ def test_sequence_path_candidates_are_valid_and_reported():
 
 def test_sequence_path_candidates_run_in_the_executor_with_eager_gradients():
     from hiremate.composer.menu_cache import MenuCache
-    from hiremate.composer.solve import _Paths, _sequence_path
+    from hiremate.composer.flat import Paths
+    from hiremate.composer.solve import _sequence_path
 
     model, x, graph = _model_and_graph(torch.float64)
     budget = hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).peak // 2
-    found, report = _Paths(), {}
+    found, report = Paths(), {}
     _sequence_path(graph, budget, load_config("hiremate", **FAST), MenuCache(None, enabled=False),
                    found, report)
     assert found.candidates and report["sequence_path"]["blocks"] > 1

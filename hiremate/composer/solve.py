@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from hiremate.composer.flat import (
+    Paths, deferred_flat_hilp, fastest_per_source, flat_path, gated_flat_hilp, rewarm_flat,
+)
 from hiremate.composer.menu_cache import decode_solve, encode_solve
 from hiremate.composer.menus import _progress, _runtime_free
 from hiremate.errors import InfeasibleBudgetError, SolverError
@@ -62,58 +64,6 @@ from hiremate.units import fmt_bytes
 log = logging.getLogger(__name__)
 
 
-# -- flat path ------------------------------------------------------------------------------------
-def guaranteed_min(solver: Any, graph: Graph) -> int | None:
-    """A budget ``solver`` is known to meet on ``graph`` (None when unknown)."""
-    from hiremate.solvers.hilp.flat import HilpSolver, phases_to_schedule, recompute_phases
-
-    try:
-        if isinstance(solver, HilpSolver):
-            return simulate(graph, phases_to_schedule(graph, recompute_phases(graph))).peak
-        if hasattr(solver, "candidates"):  # TW-Remat: its family's lowest peak
-            return min(c.peak for c in solver.candidates(graph))
-        if hasattr(solver, "min_budget") and getattr(solver, "name", "") != "fastsa":
-            return int(solver.min_budget(graph))
-    except Exception as exc:
-        log.debug("min budget of %s: %s", getattr(solver, "name", solver), exc)
-    return None
-
-
-def flat_candidate(name: str, params: dict, graph: Graph, budget: int,
-                   hints: Sequence[Schedule] = ()) -> tuple[Candidate | None, int | None, str]:
-    """Run one flat solver: a candidate (or None), a budget it is known to meet, an error.
-    ``hints``: schedules that warm-start an H-ILP (other solvers ignore them)."""
-    from hiremate.registry import make_solver
-
-    solver = make_solver(name, params)
-    start = time.perf_counter()
-    if not solver.applicable(graph):
-        return None, None, "not applicable"
-    low = guaranteed_min(solver, graph)
-    optimal = False
-    try:
-        from hiremate.solvers.hilp.flat import HilpSolver
-
-        if isinstance(solver, HilpSolver):  # its status says whether it proved optimality
-            res = solver.solve(graph, budget, hints=hints)
-            sched, optimal = tuple(res.schedule), res.status == "optimal"
-        else:
-            sched = tuple(solver.schedule(graph, budget))
-    except InfeasibleBudgetError as exc:
-        found = exc.min_budget if low is None else low
-        return None, found, str(exc)
-    except (SolverError, ValueError, RuntimeError) as exc:
-        log.warning("flat solver %s failed (%s: %s); the other configured solvers are used",
-                    name, type(exc).__name__, exc)
-        return None, low, f"{type(exc).__name__}: {exc}"
-    sim = simulate(graph, sched)
-    if not sim.valid or sim.peak > budget:
-        return None, low, (f"schedule rejected by the simulator: "
-                           f"{sim.error or fmt_bytes(sim.peak) + ' > budget'}")
-    return Candidate(sched, sim, name, {"seconds": time.perf_counter() - start,
-                                        "optimal": optimal}), low, ""
-
-
 # -- the whole solve ----------------------------------------------------------------------------------
 @dataclass
 class SolveResult:
@@ -121,16 +71,6 @@ class SolveResult:
     sim: SimulationResult
     report: dict[str, Any]
 
-
-
-@dataclass
-class _Paths:
-    """What the flat and hierarchical paths found: candidates, the budgets each solver is known
-    to meet (its lowest), and why the others found nothing."""
-
-    candidates: list[Candidate] = field(default_factory=list)
-    mins: dict[str, int] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
 
 
 def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
@@ -151,11 +91,13 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
         "autodiff_time": ad.time, "compute_nodes": len(graph.nodes),
         "data_nodes": len(graph.data), "forward_nodes": len(graph.fwd_nodes),
     }
-    found = _Paths()
+    found = Paths()
     flat_used = bool(cfg.flat) and len(graph.nodes) <= cfg.flat_max_nodes
+    # with flat_gap, the flat H-ILP waits for the other paths and may not run at all
+    gated = flat_used and cfg.flat_gap is not None and bool(cfg.bottom and cfg.top)
     deferred = False
     if flat_used:
-        deferred = _flat_path(graph, budget, cfg, found)
+        deferred = flat_path(graph, budget, cfg, found, hold_hilp=gated)
     # the hierarchical path is skipped only when a flat schedule is known to be the best there
     # is (an H-ILP proof of optimality) or is within hierarchical_above of autodiff's time: a
     # time-limited flat MILP often keeps a poor incumbent that the hierarchy beats
@@ -168,17 +110,22 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
         if cfg.sequence_top and cfg.partitioner != "sequence":
             _sequence_path(graph, budget, cfg, cache, found, report)
         if deferred:
-            _deferred_flat_hilp(graph, budget, cfg, found, report)
-        elif flat_used and cfg.flat_rewarm:
-            _rewarm_flat(graph, budget, cfg, found, report)
+            deferred_flat_hilp(graph, budget, cfg, found, report)
+        elif flat_used and cfg.flat_rewarm and not gated:
+            rewarm_flat(graph, budget, cfg, found, report)
     else:  # the report describes the partition even when the flat path alone decided
         _partition(graph, cfg, report)
     report["flat_path"] = flat_used
     report["hierarchical_path"] = hier_used
     pooled = _pooled(pool, budget)
+    polished = None
+    if gated:
+        polished = gated_flat_hilp(graph, budget, cfg, found, report, lambda cands: _polish(
+            graph, budget, cfg, Paths(cands + pooled), report) if cfg.polish else [])
     found.candidates.extend(pooled)
     if cfg.polish and found.candidates:
-        found.candidates.extend(_polish(graph, budget, cfg, found, report))
+        found.candidates.extend(polished if polished is not None else
+                                _polish(graph, budget, cfg, found, report))
     found.candidates = _with_effects(graph, budget, found.candidates)
     fresh = [c for c in found.candidates if not any(c is p for p in pooled)]
     if pool is not None:
@@ -216,95 +163,6 @@ def _cached_solution(graph: Graph, budget: int, hit: Any, pool: Any,
     return SolveResult(best.schedule, best.sim, report)
 
 
-def _flat_path(graph: Graph, budget: int, cfg: Any, found: _Paths) -> bool:
-    """Every flat solver of the configuration on the whole graph. With ``flat_rewarm`` (and a
-    hierarchy configured), the flat H-ILP runs after the others, and only when one of them
-    fitted the budget; otherwise it is deferred until the hierarchy's schedules can
-    warm-start it (:func:`_deferred_flat_hilp`), and True is returned."""
-    names = list(cfg.flat)
-    may_defer = cfg.flat_rewarm and "hilp" in names and bool(cfg.bottom and cfg.top)
-    if may_defer:
-        names = [n for n in names if n != "hilp"] + ["hilp"]
-    for name in _progress(cfg, names, "flat level"):
-        if name == "hilp" and may_defer and not found.candidates and _applicable(name, cfg, graph):
-            log.info("flat hilp deferred: no other flat solver fits %s, so its only warm start "
-                     "would be full recomputation", fmt_bytes(budget))
-            return True
-        t0 = time.perf_counter()
-        cand, low, err = flat_candidate(name, cfg.solver_params.get(name, {}), graph, budget)
-        log.info("flat %s: %s in %.2fs", name, "ok" if cand else err, time.perf_counter() - t0)
-        _record_flat(found, name, cand, low, err)
-    return False
-
-
-def _applicable(name: str, cfg: Any, graph: Graph) -> bool:
-    """Whether the configured solver ``name`` takes ``graph`` (its size limit)."""
-    from hiremate.registry import make_solver
-
-    return make_solver(name, cfg.solver_params.get(name, {})).applicable(graph)
-
-
-def _record_flat(found: _Paths, name: str, cand: Candidate | None, low: int | None,
-                 err: str) -> None:
-    if cand is not None:
-        found.candidates.append(cand)
-    if low is not None:
-        found.mins[f"flat:{name}"] = low
-    if err:
-        found.errors[f"flat:{name}"] = err
-
-
-def _fastest_per_source(candidates: Sequence[Candidate], n: int) -> list[Candidate]:
-    """The fastest candidate of each of the ``n`` fastest sources, fastest first."""
-    first: dict[str, Candidate] = {}
-    for c in sorted(candidates, key=lambda c: (c.sim.time, c.sim.peak, c.source)):
-        first.setdefault(c.source, c)
-    return list(first.values())[:n]
-
-
-def _deferred_flat_hilp(graph: Graph, budget: int, cfg: Any, found: _Paths,
-                        report: dict[str, Any], hints: int = 3) -> None:
-    """The flat H-ILP that :func:`_flat_path` deferred, run once, warm-started from the fastest
-    schedule of each of the ``hints`` fastest sources. Started cold, its only warm start
-    would be full recomputation: the zoo UNet at 0.35 spent its whole work limit (two
-    minutes) near that start, and then :func:`_rewarm_flat` ran it again from the
-    hierarchy's schedule (docs/results.md). This is that second run without the first."""
-    starts = [c.schedule for c in _fastest_per_source(found.candidates, hints)]
-    t0 = time.perf_counter()
-    cand, low, err = flat_candidate("hilp", cfg.solver_params.get("hilp", {}), graph, budget,
-                                    hints=starts)
-    seconds = time.perf_counter() - t0
-    log.info("flat hilp (deferred, %d warm starts): %s in %.2fs", len(starts),
-             "ok" if cand else err, seconds)
-    report["flat_deferred"] = {"seconds": round(seconds, 3), "warm_starts": len(starts),
-                               "time": cand.sim.time if cand is not None else None}
-    _record_flat(found, "hilp", cand, low, err)
-
-
-def _rewarm_flat(graph: Graph, budget: int, cfg: Any, found: _Paths,
-                 report: dict[str, Any], hints: int = 3) -> None:
-    """The flat H-ILP once more, warm-started from the ``hints`` fastest schedules of the other
-    paths, when they beat its own and it proved nothing: within its work limit a MILP seldom
-    leaves its warm start's neighbourhood, and TW-Remat's, its own, can be far from the best
-    (the FNOs: docs/results.md). Its schedule joins the candidates as ``hilp:rewarm``."""
-    own = [c for c in found.candidates if c.source == "hilp"]  # none unless hilp is in flat
-    if not own or own[0].detail.get("optimal"):
-        return
-    others = sorted((c for c in found.candidates if c.source not in cfg.flat),
-                    key=lambda c: (c.sim.time, c.sim.peak, c.source))
-    better = [c.schedule for c in others if c.sim.time < own[0].sim.time][:hints]
-    if not better:
-        return
-    t0 = time.perf_counter()
-    cand, _, err = flat_candidate("hilp", cfg.solver_params.get("hilp", {}), graph, budget,
-                                  hints=better)
-    report["flat_rewarm"] = {"seconds": round(time.perf_counter() - t0, 3),
-                             "time": cand.sim.time if cand is not None else None,
-                             "error": err or None}
-    if cand is not None:
-        found.candidates.append(Candidate(cand.schedule, cand.sim, "hilp:rewarm", cand.detail))
-
-
 def _partition(graph: Graph, cfg: Any, report: dict[str, Any], partitioner: Any = None) -> Any:
     from hiremate.registry import make_partitioner
 
@@ -317,7 +175,7 @@ def _partition(graph: Graph, cfg: Any, report: dict[str, Any], partitioner: Any 
     return hierarchy
 
 
-def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths,
+def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths,
                        report: dict[str, Any]) -> None:
     """Every level of the partition solved bottom-up, then every top-level composer over the
     top level's blocks. When no composer finds a schedule within the budget and the budget is
@@ -354,7 +212,7 @@ def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _
         report["coarser_tops"] = tries
 
 
-def _sequence_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths,
+def _sequence_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths,
                    report: dict[str, Any]) -> None:
     """Rockmate's two levels beside the hierarchy: the ``sequence`` partition's blocks (a chain
     cut at single boundaries), a ``bottom`` menu for each unique block with ``n_options`` each,
@@ -377,7 +235,7 @@ def _sequence_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Path
     report["sequence_path"]["seconds"] = round(time.perf_counter() - t0, 3)
 
 
-def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: _Paths, hierarchy: Any,
+def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hierarchy: Any,
              recursive: bool, top: list[str], prefix: str) -> dict[str, Any]:
     """Menus for ``hierarchy``'s units (every level when ``recursive``), then each composer of
     ``top`` over its top level; candidates go to ``found`` (sources prefixed by ``prefix``).
@@ -442,7 +300,7 @@ def _with_effects(graph: Graph, budget: int, candidates: list[Candidate]) -> lis
     return out
 
 
-def _polish(graph: Graph, budget: int, cfg: Any, found: _Paths,
+def _polish(graph: Graph, budget: int, cfg: Any, found: Paths,
             report: dict[str, Any]) -> list[Candidate]:
     """Each ``polish`` solver started from the fastest candidate of each of the
     ``polish_from`` fastest sources: the faster schedules within the budget it finds, named
@@ -450,7 +308,7 @@ def _polish(graph: Graph, budget: int, cfg: Any, found: _Paths,
     whole-graph local search removes; see :mod:`hiremate.solvers.fastsa.polish`)."""
     from hiremate.registry import make_solver
 
-    starts = _fastest_per_source(found.candidates, cfg.polish_from)
+    starts = fastest_per_source(found.candidates, cfg.polish_from)
     out: list[Candidate] = []
     facts = []
     for name in cfg.polish:
@@ -469,7 +327,7 @@ def _polish(graph: Graph, budget: int, cfg: Any, found: _Paths,
     return out
 
 
-def _raise_nothing_fits(graph: Graph, budget: int, cfg: Any, found: _Paths, ad_peak: int,
+def _raise_nothing_fits(graph: Graph, budget: int, cfg: Any, found: Paths, ad_peak: int,
                         flat_used: bool, hier_used: bool) -> None:
     """No candidate: an InfeasibleBudgetError naming the lowest budget some solver meets, or a
     SolverError with every solver's reason."""
@@ -486,7 +344,7 @@ def _raise_nothing_fits(graph: Graph, budget: int, cfg: Any, found: _Paths, ad_p
     raise SolverError(f"no configured solver ({names}) produced a schedule: {found.errors}")
 
 
-def _best(found: _Paths, report: dict[str, Any], ad: SimulationResult) -> Candidate:
+def _best(found: Paths, report: dict[str, Any], ad: SimulationResult) -> Candidate:
     """The fastest candidate (the lower peak breaks ties), described in ``report``."""
     best = min(found.candidates, key=lambda c: (c.sim.time, c.sim.peak))
     _describe_best(report, best, ad.peak, ad.time)

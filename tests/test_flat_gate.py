@@ -1,0 +1,117 @@
+"""``flat_gap``: the whole-graph H-ILP waits for the other paths and their polish, and runs only
+where their best schedule is more than ``flat_gap`` above the moment bound
+(:func:`hiremate.composer.flat.gated_flat_hilp`). Where it is skipped, the schedule returned is
+within that fraction of the bound, so no flat MILP could have been faster by more."""
+
+from __future__ import annotations
+
+import pytest
+
+import hiremate
+import hiremate.composer.flat as composer_flat
+from hiremate.api import solve_graph
+from hiremate.config import load_config
+from hiremate.errors import ConfigError
+from hiremate.solvers.hilp.moment_bound import moment_time_bound
+from hiremate.testing.synthetic import random_graph
+
+FAST = {"cache": False, "calibrate": 0, "n_jobs": 1, "progress": False}
+
+
+def _spied(monkeypatch) -> list[tuple[str, int]]:
+    """Records each flat solver run (name, warm starts given)."""
+    calls: list[tuple[str, int]] = []
+    real = composer_flat.flat_candidate
+
+    def spy(name, params, graph, budget, hints=()):
+        calls.append((name, len(hints)))
+        return real(name, params, graph, budget, hints=hints)
+
+    monkeypatch.setattr(composer_flat, "flat_candidate", spy)
+    return calls
+
+
+def test_the_default_preset_gates_the_flat_hilp():
+    assert load_config("hiremate").flat_gap == 0.05
+    assert load_config("hilp").flat_gap is None  # a preset of the flat H-ILP alone runs it
+
+
+def test_a_small_gap_skips_the_flat_hilp(monkeypatch):
+    graph = random_graph(3, 12)
+    calls = _spied(monkeypatch)
+    res = solve_graph(graph, 0.9, "hiremate", **FAST)  # the others reach 1.8 % of the bound
+    assert "hilp" not in [name for name, _ in calls]
+    gate = res.report["flat_gate"]
+    assert gate["ran"] is False and gate["gap"] <= gate["threshold"] == 0.05
+    assert res.report["hierarchical_path"] and res.report["polish"]  # the trial polish is final
+    sim = hiremate.simulate(graph, res.schedule)
+    assert sim.valid and sim.peak <= res.report["budget"]
+
+
+def test_a_gap_above_the_threshold_runs_it_after_the_hierarchy(monkeypatch):
+    graph = random_graph(3, 12)
+    order: list[str] = []
+    calls = _spied(monkeypatch)
+    import hiremate.composer.solve as composer_solve
+
+    real_hier = composer_solve._hierarchical_path
+
+    def hier(*args, **kwargs):
+        order.append("hierarchy")
+        return real_hier(*args, **kwargs)
+
+    monkeypatch.setattr(composer_solve, "_hierarchical_path", hier)
+    real_flat = composer_flat.flat_candidate
+
+    def flat(name, *args, **kwargs):
+        order.append(name)
+        return real_flat(name, *args, **kwargs)
+
+    monkeypatch.setattr(composer_flat, "flat_candidate", flat)
+    # FastSA fits; the others leave 4.5 % to the bound, above a threshold of 0
+    res = solve_graph(graph, 0.85, "hiremate", flat_gap=0.0, **FAST)
+    gate = res.report["flat_gate"]
+    assert gate["gap"] > 0 and gate["ran"] is True
+    assert order.index("hilp") > order.index("hierarchy")
+    assert calls[:3] == [("twremat", 0), ("fastsa", 0), ("hilp", 0)]  # cold, as without the gate
+    assert "hilp" in res.report["candidates"]
+
+
+def test_where_no_flat_heuristic_fits_it_runs_warm_from_the_hierarchy(monkeypatch):
+    graph = random_graph(3, 12)
+    calls = _spied(monkeypatch)
+    res = solve_graph(graph, 0.8, "hiremate", **FAST)
+    assert res.report["flat_gate"]["ran"] is True
+    assert [name for name, _ in calls] == ["twremat", "fastsa", "hilp"] and calls[-1][1] > 0
+    assert res.report["flat_deferred"]["warm_starts"] == calls[-1][1]
+
+
+def test_where_nothing_else_fits_it_runs(monkeypatch):
+    graph = random_graph(11, 20)
+    calls = _spied(monkeypatch)
+    res = solve_graph(graph, 0.8, "hiremate", **FAST)
+    assert res.report["flat_gate"] == {"gap": None, "threshold": 0.05, "ran": True}
+    assert [name for name, _ in calls][-1] == "hilp" and res.report["solver"].startswith("hilp")
+
+
+@pytest.mark.parametrize("seed,n,fraction", [(3, 12, 0.8), (3, 12, 0.9), (7, 14, 0.8),
+                                             (7, 14, 0.9), (5, 16, 0.9)])
+def test_a_skipped_flat_hilp_costs_at_most_the_gap(seed, n, fraction):
+    """Gated (the default's 5 %) against the flat H-ILP always run first (``flat_gap`` null): the
+    gated schedule is at most 5 % slower, and when the MILP was skipped it is within 5 % of the
+    moment bound, below which no schedule of the MILP's kind lies."""
+    graph = random_graph(seed, n)
+    gated = solve_graph(graph, fraction, "hiremate", **FAST)
+    always = solve_graph(graph, fraction, "hiremate", flat_gap=None, **FAST)
+    assert "flat_gate" not in always.report
+    assert gated.sim.time <= always.sim.time * 1.05 * (1 + 1e-9)
+    gate = gated.report["flat_gate"]
+    if not gate["ran"]:
+        bound = moment_time_bound(graph, gated.report["budget"])
+        assert gated.sim.time <= bound * (1 + gate["threshold"]) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("bad", [-0.1, True, "0.05", [0.05]])
+def test_flat_gap_is_checked(bad):
+    with pytest.raises(ConfigError, match="flat_gap"):
+        load_config("hiremate", flat_gap=bad)
