@@ -4,7 +4,9 @@ What runs:
 
 1. **Flat path** (graphs of at most ``flat_max_nodes`` compute nodes): every ``flat`` solver of
    the configuration schedules the whole graph (H-ILP = rk-Checkmate with a time limit, TW-Remat,
-   FastSA, Rotor on chain-shaped graphs, autodiff).
+   FastSA, Rotor on chain-shaped graphs, autodiff); when the flat H-ILP runs (first, after the
+   hierarchy, or only where the others leave it something to win: ``flat_gap``) is
+   :mod:`hiremate.composer.flat`'s.
 2. **Hierarchical path**: the partitioner's *top level* gives the blocks (each a top-level part,
    a forward node or a subgraph, flattened to its original nodes). Every block becomes a CD-graph
    of its own (:func:`hiremate.ir.blocks.extract`): its forward nodes, a loss node standing for the rest of the model
@@ -70,7 +72,6 @@ class SolveResult:
     schedule: Schedule
     sim: SimulationResult
     report: dict[str, Any]
-
 
 
 def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
