@@ -43,8 +43,10 @@ Model (:func:`build_hier_model`): the flat model of the top graph (``R``, ``P``,
   the sub-sequence from above whatever of the block's interface is alive.
 
 The per-step peaks ``w_o`` take the role of the B.3 correction terms (they use the option's
-whole step profile rather than one overhead figure); the finer per-sub-step terms that credit
-inputs freed inside a block are not modelled (conservative).
+whole step profile rather than one overhead figure), with B.3's input-side credits: each step's
+row subtracts the block inputs read for the last time before it when the level above frees
+them right after the node. The output side is not credited (an output the level above frees
+at once still counts until the part ends: conservative).
 """
 
 from __future__ import annotations
