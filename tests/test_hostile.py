@@ -268,8 +268,11 @@ def test_ilp_timeout_without_incumbent_uses_the_next_solver(monkeypatch, caplog)
     monkeypatch.setattr(hilp, "solve_milp", timed_out)
     g = random_graph(2, 10)
     params = {"hilp": {"time_limit": 0.1, "warm_start": False}}
-    with caplog.at_level(logging.WARNING, logger="hiremate.composer.solve"):
-        result = solve_graph(g, 1.0, "hiremate", **{**FAST, "solver_params": params})
+    # flat_gap null: the flat H-ILP runs (gated, it would be skipped here: at this budget the
+    # flat heuristics reach autodiff's time, the bound)
+    with caplog.at_level(logging.WARNING, logger="hiremate.composer.flat"):
+        result = solve_graph(g, 1.0, "hiremate",
+                             **{**FAST, "solver_params": params, "flat_gap": None})
     assert result.report["solver"] != "hilp"
     assert "found no schedule within its limits" in result.report["errors"]["flat:hilp"]
     assert "time_limit 0.1s" in result.report["errors"]["flat:hilp"]
