@@ -39,9 +39,8 @@ recomputation, so it does not run first: it runs once, after the hierarchy, warm
 its schedules (``flat_deferred`` in the report). With ``flat_gap`` (a fraction; null: off), the
 flat H-ILP waits for the hierarchy and the polish, and runs only where their best schedule is
 more than that fraction above the moment bound, a time no in-order schedule beats
-(``flat_gate`` in the report; :mod:`hiremate.composer.flat`): its MILP takes tens of seconds
-to minutes on graphs of 60-90 compute nodes, and where the bound leaves little it cannot win
-more.
+(``flat_gate`` in the report; :mod:`hiremate.composer.flat`): near its size limit its MILP
+outlasts the rest of the solve, and where the bound leaves little it cannot win more.
 When the hierarchy's top level finds no schedule within the budget (and the budget
 is not below the graph's memory floor, where none could), the graph is partitioned again with a
 top at most half as large (the partitioner's ``coarser``), up to ``coarser_tops`` times: the

@@ -1,13 +1,13 @@
 """The flat path: whole-graph solvers on small graphs, and when the whole-graph H-ILP runs.
 
 The flat H-ILP (rk-Checkmate on the whole graph) is the one solver here whose cost is not
-small: on graphs of 60-90 compute nodes its MILP has 10,000-30,000 columns, and its root alone
-(cuts and sub-MIP heuristics, which no branch-and-bound node limit bounds) takes tens of
-seconds on one core. On most such graphs the hierarchy and its polish already find as good a
-schedule, so with ``flat_gap`` set the MILP waits for them (:func:`gated_flat_hilp`) and runs
-only where their best schedule leaves more than that fraction to the moment bound
+small: near its size limit its MILP is large, and its root alone (cuts and sub-MIP heuristics,
+which no branch-and-bound node limit bounds) outlasts the rest of the solve. On most such
+graphs the hierarchy and its polish already find as good a schedule, so with ``flat_gap`` set
+the MILP waits for them (:func:`gated_flat_hilp`) and runs only where their best schedule
+leaves more than that fraction to the moment bound
 (:func:`~hiremate.solvers.hilp.moment_bound.moment_time_bound`), which no in-order schedule
-beats: where the bound leaves little to win, a minute of MILP cannot win more. Figures:
+beats: where the bound leaves little to win, the MILP cannot win more. Figures:
 docs/results.md, "Stop 45".
 """
 
@@ -160,7 +160,7 @@ def applicable(name: str, cfg: Any, graph: Graph) -> bool:
 
 
 def record_flat(found: Paths, name: str, cand: Candidate | None, low: int | None,
-                 err: str) -> None:
+                err: str) -> None:
     if cand is not None:
         found.candidates.append(cand)
     if low is not None:
