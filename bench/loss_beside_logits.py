@@ -18,7 +18,6 @@ figures only). Run::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -28,7 +27,9 @@ import torch
 
 from hiremate import HRockmate
 from hiremate.runtime.measurement import measure
-from new_shapes import batch, gpt2
+from new_shapes import (
+    MEASURED_HEADER, batch, gpt2, measured_columns, model_arguments, write_json,
+)
 
 
 def paired(model, wrapped, inputs: dict, rounds: int) -> tuple:
@@ -67,15 +68,9 @@ def zoo(names: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=4)
+    model_arguments(parser)
     parser.add_argument("--length", type=int, default=128)
-    parser.add_argument("--budget", type=float, default=0.5)
-    parser.add_argument("--cost", default="auto")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--zoo", nargs="+", metavar="CASE",
                         help="capture-zoo models instead (tests/capture_zoo.py names)")
     args = parser.parse_args()
@@ -110,15 +105,11 @@ def main() -> None:
             "peak_over_eager": ours.peak / eager.peak, "time_over_eager": ours.time / eager.time,
         })
     print("setting            budget (MiB)  autodiff/eager peak  build (s)  solver"
-          "                 pred. rel. time  bound   peak/budget  peak/eager  time/eager")
+          f"                 {MEASURED_HEADER}")
     for r in rows:
         print(f"{r['setting']:18} {r['budget_mib']:12.2f} {r['autodiff_over_eager_peak']:20.3f} "
-              f"{r['build_s']:10.1f}  {r['solver']:22} {r['relative_time']:15.4f}  "
-              f"{r['relative_time_bound'] or 0:6.4f} {r['peak_over_budget']:12.3f} "
-              f"{r['peak_over_eager']:11.3f} {r['time_over_eager']:11.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+              f"{r['build_s']:10.1f}  {r['solver']:22} " + measured_columns(r))
+    write_json(args.json, args, "rows", rows)
 
 
 if __name__ == "__main__":

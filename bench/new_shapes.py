@@ -67,6 +67,35 @@ def run_mode(model, args, transfer: bool) -> list[dict]:
     return rows
 
 
+#: the columns that :func:`measured_columns` fills, for a table's header
+MEASURED_HEADER = "pred. rel. time  bound   peak/budget  peak/eager  time/eager"
+
+
+def measured_columns(row: dict) -> str:
+    """A row's predicted time (over autodiff's) and its bound, and its measured step: peak over
+    the budget and over eager's, time over eager's (``MEASURED_HEADER`` names them)."""
+    return (f"{row['relative_time']:15.4f}  {row['relative_time_bound'] or 0:6.4f} "
+            f"{row['peak_over_budget']:12.3f} {row['peak_over_eager']:11.3f} "
+            f"{row['time_over_eager']:11.3f}")
+
+
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The GPT2 sizes, budget, cost model and output file the GPT2 benchmarks share."""
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--budget", type=float, default=0.5)
+    parser.add_argument("--cost", default="auto")
+    parser.add_argument("--json", help="write the rows here")
+
+
+def write_json(path: str | None, args: argparse.Namespace, key: str, rows) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"args": vars(args), key: rows}, f, indent=1)
+
+
 def _facts(report: dict) -> dict:
     return {key: report.get(key) for key in ("solver", "budget", "relative_time",
                                              "relative_time_bound", "relative_peak")}
@@ -74,35 +103,24 @@ def _facts(report: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=4)
+    model_arguments(parser)
     parser.add_argument("--sample-len", type=int, default=128)
     parser.add_argument("--lengths", type=int, nargs="+", default=[117, 100, 64, 150, 200])
-    parser.add_argument("--budget", type=float, default=0.5)
-    parser.add_argument("--cost", default="auto")
     parser.add_argument("--modes", nargs="+", default=["transfer", "solve"],
                         choices=["transfer", "solve"])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     model = gpt2(args.layers, args.width, args.vocab)
     results = {}
-    print("mode      length  first step (s)  solver                      pred. rel. time  "
-          "bound   peak/budget  peak/eager  time/eager")
+    print(f"mode      length  first step (s)  solver                      {MEASURED_HEADER}")
     for mode in args.modes:
         results[mode] = run_mode(model, args, transfer=mode == "transfer")
         for r in results[mode]:
             print(f"{mode:9} {r['length']:6} {r['first_step_s']:15.2f}  {r['solver']:27} "
-                  f"{r['relative_time']:15.4f}  {r['relative_time_bound'] or 0:6.4f} "
-                  f"{r['peak_over_budget']:12.3f} {r['peak_over_eager']:11.3f} "
-                  f"{r['time_over_eager']:11.3f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+                  + measured_columns(r))
+    write_json(args.json, args, "results", results)
 
 
 if __name__ == "__main__":
