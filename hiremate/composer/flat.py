@@ -116,26 +116,32 @@ def flat_path(graph: Graph, budget: int, cfg: Any, found: Paths, hold_hilp: bool
 
 
 def gated_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths, report: dict[str, Any],
-                    polish: Callable[[list[Candidate]], list[Candidate]]
-                    ) -> list[Candidate] | None:
+                    polish: Callable[[list[Candidate]], list[Candidate]],
+                    bound: float | None = None, early: Any = None) -> list[Candidate] | None:
     """The flat H-ILP that :func:`flat_path` held back, run only where the other paths leave
     more than ``cfg.flat_gap`` to the moment bound (module doc). ``polish`` polishes a list of
     candidates (the configured polishers; [] when none): the gap is measured after it, since
     the polish often closes what the hierarchy's schedules leave. Returns that polish's
     candidates when the MILP was skipped (they are the final polish), else None: the MILP ran
     as without the gate (cold, then rewarmed; or deferred when no flat heuristic fitted) and
-    the caller polishes everything again. The report's ``flat_gate`` says which and why."""
+    the caller polishes everything again. The report's ``flat_gate`` says which and why.
+    ``bound``: the moment bound at ``budget`` when the caller has it; ``early``: the cold MILP
+    started beside the hierarchy (:mod:`hiremate.composer.early`), taken or cancelled here."""
     from hiremate.solvers.hilp.moment_bound import moment_time_bound
 
     if "hilp" not in cfg.flat or not applicable("hilp", cfg, graph):
         return None
     trial = polish(list(found.candidates)) if found.candidates else []
     times = [c.sim.time for c in found.candidates + trial]
-    bound = moment_time_bound(graph, budget) if times else math.inf
+    if bound is None:
+        bound = moment_time_bound(graph, budget) if times else math.inf
     gap = min(times) / bound - 1 if times and 0 < bound < math.inf else math.inf
     ran = gap > cfg.flat_gap
     report["flat_gate"] = {"gap": None if math.isinf(gap) else round(gap, 6),
-                           "threshold": cfg.flat_gap, "ran": ran}
+                           "threshold": cfg.flat_gap, "ran": ran, "early": early is not None}
+    if not ran or not any(c.source in cfg.flat for c in found.candidates):
+        if early is not None:
+            early.cancel()
     if not ran:
         log.info("flat hilp skipped: the best schedule is %.2f%% above the bound, within "
                  "flat_gap %.2f%%", 100 * gap, 100 * cfg.flat_gap)
@@ -144,8 +150,14 @@ def gated_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths, report: d
         deferred_flat_hilp(graph, budget, cfg, found, report)
         return None
     t0 = time.perf_counter()
-    cand, low, err = flat_candidate("hilp", cfg.solver_params.get("hilp", {}), graph, budget)
-    log.info("flat hilp: %s in %.2fs", "ok" if cand else err, time.perf_counter() - t0)
+    if early is not None:
+        cand, low, err = early.result()
+        log.info("flat hilp (started early, %.2fs): %s, %.2fs after the gate", early.seconds,
+                 "ok" if cand else err, time.perf_counter() - t0)
+    else:
+        cand, low, err = flat_candidate("hilp", cfg.solver_params.get("hilp", {}), graph,
+                                        budget)
+        log.info("flat hilp: %s in %.2fs", "ok" if cand else err, time.perf_counter() - t0)
     record_flat(found, "hilp", cand, low, err)
     if cfg.flat_rewarm:
         rewarm_flat(graph, budget, cfg, found, report)

@@ -99,6 +99,33 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     deferred = False
     if flat_used:
         deferred = flat_path(graph, budget, cfg, found, hold_hilp=gated)
+    bound, early = _early_flat(graph, budget, cfg, found, gated)
+    try:
+        return _solve_rest(graph, budget, cfg, cache, start, top_key, pool, ad, report, found,
+                           flat_used, gated, deferred, bound, early)
+    finally:
+        if early is not None:
+            early.cancel()  # taken by the gate, or never wanted when a path raised
+
+
+def _early_flat(graph: Graph, budget: int, cfg: Any, found: Paths, gated: bool
+                ) -> tuple[float | None, Any]:
+    """The moment bound and the early flat H-ILP (:mod:`hiremate.composer.early`) when the
+    gate will decide on the flat H-ILP and a flat heuristic fitted; (None, None) otherwise."""
+    if not gated or not found.candidates:
+        return None, None
+    from hiremate.composer.early import start_early_flat_hilp
+    from hiremate.solvers.hilp.moment_bound import moment_time_bound
+
+    bound = moment_time_bound(graph, budget)
+    return bound, start_early_flat_hilp(graph, budget, cfg, found.candidates, bound)
+
+
+def _solve_rest(graph: Graph, budget: int, cfg: Any, cache: Any, start: float, top_key: dict,
+                pool: Any, ad: SimulationResult, report: dict[str, Any], found: Paths,
+                flat_used: bool, gated: bool, deferred: bool, bound: float | None, early: Any
+                ) -> SolveResult:
+    """:func:`solve` after the flat heuristics: the hierarchy, the gate, polish, the choice."""
     # the hierarchical path is skipped only when a flat schedule is known to be the best there
     # is (an H-ILP proof of optimality) or is within hierarchical_above of autodiff's time: a
     # time-limited flat MILP often keeps a poor incumbent that the hierarchy beats
@@ -122,7 +149,8 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     polished = None
     if gated:
         polished = gated_flat_hilp(graph, budget, cfg, found, report, lambda cands: _polish(
-            graph, budget, cfg, Paths(cands + pooled), report) if cfg.polish else [])
+            graph, budget, cfg, Paths(cands + pooled), report) if cfg.polish else [],
+            bound=bound, early=early)
     found.candidates.extend(pooled)
     if cfg.polish and found.candidates:
         found.candidates.extend(polished if polished is not None else

@@ -36,6 +36,7 @@ import numpy as np
 
 from hiremate.errors import SolverError
 from hiremate.quiet import silenced_fds
+from hiremate.solvers.hilp.cancel import SolveCancelled, watch_cancel
 from hiremate.solvers.hilp.model import Milp
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,14 @@ def _worker() -> None:
     channel.flush()
 
 
+def can_cancel(backend: str) -> bool:
+    """Whether a solve by ``backend`` in this process obeys
+    :func:`~hiremate.solvers.hilp.cancel.cancellable`: HiGHS only, and only while it runs here
+    rather than in a subprocess (CP-SAT loaded)."""
+    return (backend == "highs" and installed("highs")
+            and not _loaded("ortools.sat.python.cp_model_helper"))
+
+
 # -- HiGHS ------------------------------------------------------------------------------------
 def _new_highs():
     """A HiGHS solver object with its output off. HiGHS prints its banner when the first one
@@ -306,9 +315,12 @@ def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResu
         sol.col_value = list(map(float, hint))
         sol.value_valid = True
         h.setSolution(sol)
+    event = watch_cancel(h)
     start = time.perf_counter()
     h.run()
     elapsed = time.perf_counter() - start
+    if event is not None and event.is_set():
+        raise SolveCancelled("the solve was cancelled")
     ms = h.getModelStatus()
     info = h.getInfo()
     S = highspy.HighsModelStatus
