@@ -15,6 +15,7 @@ import hiremate
 import hiremate.composer.early as early
 from hiremate.api import solve_graph
 from hiremate.config import load_config
+from hiremate.errors import SolverError
 from hiremate.solvers.hilp import backends
 from hiremate.solvers.hilp.cancel import SolveCancelled, cancellable
 from hiremate.solvers.hilp.model import Milp
@@ -104,9 +105,19 @@ def test_where_the_gate_skips_it_the_early_milp_is_cancelled(monkeypatch):
     assert res.report["flat_gate"]["ran"] is False and res.report["flat_gate"]["early"] is True
     assert res.schedule == alone.schedule and "hilp" not in res.report["candidates"]
     (milp,) = started
+    assert milp._cancel.is_set()  # the gate cancelled it (it may have finished before: tiny)
     milp._thread.join(timeout=60)
     assert not milp._thread.is_alive()
-    with pytest.raises(RuntimeError, match="cancelled"):
+
+
+def test_the_result_of_a_cancelled_early_milp_is_an_error():
+    graph, fraction = _gate_runs_graph()
+    cfg = load_config("hiremate")
+    budget = int(fraction * hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).peak)
+    stop = threading.Event()
+    stop.set()  # cancelled before its thread starts: HiGHS never runs
+    milp = early.EarlyFlatHilp(graph, budget, cfg.solver_params.get("hilp", {}), cancel=stop)
+    with pytest.raises(SolverError, match="cancelled"):
         milp.result()
 
 

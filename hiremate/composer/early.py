@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from hiremate.composer import flat as composer_flat
+from hiremate.errors import SolverError
 from hiremate.ir.blocks import Candidate
 from hiremate.ir.graph import Graph
 
@@ -36,10 +37,12 @@ class EarlyFlatHilp:
     """The flat H-ILP of ``graph`` at ``budget`` (its configured parameters ``params``), solving
     on a thread of its own from construction. :meth:`result` waits for its answer;
     :meth:`cancel` abandons it without waiting (the thread stops at HiGHS's next interrupt
-    check and is not a daemon, so the interpreter never exits inside the solver)."""
+    check and is not a daemon, so the interpreter never exits inside the solver). ``cancel``:
+    an event of the caller's that also cancels it (one event can stop several)."""
 
-    def __init__(self, graph: Graph, budget: int, params: dict[str, Any]):
-        self._cancel = threading.Event()
+    def __init__(self, graph: Graph, budget: int, params: dict[str, Any],
+                 cancel: threading.Event | None = None):
+        self._cancel = cancel if cancel is not None else threading.Event()
         self._outcome: FlatOutcome | None = None
         self._error: BaseException | None = None
         self.seconds = 0.0
@@ -67,7 +70,7 @@ class EarlyFlatHilp:
         if self._error is not None:
             raise self._error
         if self._outcome is None:
-            raise RuntimeError("the early flat H-ILP was cancelled before its result was asked")
+            raise SolverError("the early flat H-ILP was cancelled before its result was asked")
         return self._outcome
 
     def cancel(self) -> None:
