@@ -116,3 +116,23 @@ def test_a_skipped_flat_hilp_costs_at_most_the_gap(seed, n, fraction):
 def test_flat_gap_is_checked(bad):
     with pytest.raises(ConfigError, match="flat_gap"):
         load_config("hiremate", flat_gap=bad)
+
+
+def test_where_the_flat_hilp_runs_no_start_is_polished_twice(monkeypatch):
+    """The gate's trial polish and the final polish share their starts (the polish is
+    deterministic): each (polisher, start schedule) is annealed once."""
+    from hiremate.solvers.fastsa.solver import FastSA
+
+    starts: list[tuple] = []
+    real = FastSA.polish
+
+    def counted(self, graph, budget, schedule):
+        starts.append(tuple(schedule))
+        return real(self, graph, budget, schedule)
+
+    monkeypatch.setattr(FastSA, "polish", counted)
+    res = solve_graph(random_graph(3, 12), 0.85, "hiremate", flat_gap=0.0, **FAST)
+    assert res.report["flat_gate"]["ran"] is True and "hilp" in res.report["candidates"]
+    assert starts and len(starts) == len(set(starts))
+    # the final polish started from the MILP's schedule too, which the trial did not have
+    assert any(f["from"] == "hilp" for f in res.report["polish"])

@@ -54,7 +54,6 @@ class EarlyFlatHilp:
         from hiremate.solvers.hilp.cancel import SolveCancelled, cancellable
 
         start = time.perf_counter()
-        _yield_to_others()
         try:
             with cancellable(self._cancel):
                 self._outcome = composer_flat.flat_candidate("hilp", params, graph, budget)
@@ -76,16 +75,6 @@ class EarlyFlatHilp:
     def cancel(self) -> None:
         """Abandon the solve (a no-op once it has finished)."""
         self._cancel.set()
-
-
-def _yield_to_others() -> None:
-    """Lower this thread's scheduling priority (Linux: a thread is a task with a nice value
-    of its own), so that the MILP takes a core only where the hierarchy's workers leave it idle
-    and does not slow the hierarchy where the gate then skips it."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # no per-thread priorities here: the thread runs as is
-        pass
 
 
 def spare_core(n_jobs: int) -> bool:

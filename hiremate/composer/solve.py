@@ -147,14 +147,15 @@ def _solve_rest(graph: Graph, budget: int, cfg: Any, cache: Any, start: float, t
     report["hierarchical_path"] = hier_used
     pooled = _pooled(pool, budget)
     polished = None
+    memo: dict = {}
     if gated:
         polished = gated_flat_hilp(graph, budget, cfg, found, report, lambda cands: _polish(
-            graph, budget, cfg, Paths(cands + pooled), report) if cfg.polish else [],
+            graph, budget, cfg, Paths(cands + pooled), report, memo) if cfg.polish else [],
             bound=bound, early=early)
     found.candidates.extend(pooled)
     if cfg.polish and found.candidates:
         found.candidates.extend(polished if polished is not None else
-                                _polish(graph, budget, cfg, found, report))
+                                _polish(graph, budget, cfg, found, report, memo))
     found.candidates = _with_effects(graph, budget, found.candidates)
     fresh = [c for c in found.candidates if not any(c is p for p in pooled)]
     if pool is not None:
@@ -330,21 +331,27 @@ def _with_effects(graph: Graph, budget: int, candidates: list[Candidate]) -> lis
 
 
 def _polish(graph: Graph, budget: int, cfg: Any, found: Paths,
-            report: dict[str, Any]) -> list[Candidate]:
+            report: dict[str, Any], memo: dict | None = None) -> list[Candidate]:
     """Each ``polish`` solver started from the fastest candidate of each of the
     ``polish_from`` fastest sources: the faster schedules within the budget it finds, named
     ``<source>+<polisher>`` (a menu-built schedule keeps inefficiencies at its joins that a
-    whole-graph local search removes; see :mod:`hiremate.solvers.fastsa.polish`)."""
+    whole-graph local search removes; see :mod:`hiremate.solvers.fastsa.polish`). ``memo``
+    keeps each polish by (polisher, start schedule): the polishers are deterministic, so the
+    gate's trial polish and the final one share what both start from."""
     from hiremate.registry import make_solver
 
     starts = fastest_per_source(found.candidates, cfg.polish_from)
     out: list[Candidate] = []
     facts = []
+    memo = {} if memo is None else memo
     for name in cfg.polish:
         solver = make_solver(name, cfg.solver_params.get(name, {}))
         for start in starts:
             t0 = time.perf_counter()
-            sched = solver.polish(graph, budget, start.schedule)
+            key = (name, tuple(start.schedule))
+            if key not in memo:
+                memo[key] = solver.polish(graph, budget, start.schedule)
+            sched = memo[key]
             sim = simulate(graph, sched) if sched is not None else None
             kept = sim is not None and sim.valid and sim.peak <= budget
             if kept:
