@@ -1,5 +1,6 @@
 """The gated flat H-ILP started early, beside the hierarchy (:mod:`hiremate.composer.early`):
-the same schedule as when it runs after the gate, cancelled when the gate skips it, never
+the same schedule as when it runs after the gate, started after the hierarchy's menus,
+cancelled when the gate skips it, never
 started where it cannot pay or cannot be cancelled; and HiGHS solves that stop on request
 (:mod:`hiremate.solvers.hilp.cancel`)."""
 
@@ -80,7 +81,17 @@ def test_started_early_it_gives_the_schedule_it_gives_after_the_gate(monkeypatch
     monkeypatch.setattr(early, "spare_core", lambda n_jobs: n_jobs != 1)
     graph, fraction = _gate_runs_graph()
     after = solve_graph(graph, fraction, "hiremate", flat_gap=0.0, n_jobs=1, **QUIET)
+    order: list[str] = []
+    import hiremate.composer.flat as composer_flat
+    import hiremate.composer.levels as levels
+
+    real_levels, real_flat = levels.solve_levels, composer_flat.flat_candidate
+    monkeypatch.setattr(levels, "solve_levels",
+                        lambda *a, **k: (real_levels(*a, **k), order.append("menus"))[0])
+    monkeypatch.setattr(composer_flat, "flat_candidate",
+                        lambda name, *a, **k: (order.append(name), real_flat(name, *a, **k))[1])
     beside = solve_graph(graph, fraction, "hiremate", flat_gap=0.0, n_jobs=2, **QUIET)
+    assert order.index("menus") < order.index("hilp")  # started once the menus were made
     assert after.report["flat_gate"]["early"] is False
     assert beside.report["flat_gate"] == {**after.report["flat_gate"], "early": True}
     assert beside.schedule == after.schedule
@@ -100,11 +111,12 @@ def test_where_the_gate_skips_it_the_early_milp_is_cancelled(monkeypatch):
 
     graph = random_graph(3, 12)
     alone = solve_graph(graph, 0.9, "hiremate", n_jobs=1, **QUIET)
-    monkeypatch.setattr(early, "start_early_flat_hilp", always)
+    monkeypatch.setattr(early, "plan_early_flat_hilp", always)
     res = solve_graph(graph, 0.9, "hiremate", n_jobs=2, **QUIET)
     assert res.report["flat_gate"]["ran"] is False and res.report["flat_gate"]["early"] is True
     assert res.schedule == alone.schedule and "hilp" not in res.report["candidates"]
     (milp,) = started
+    assert milp.started  # after the hierarchy's menus
     assert milp._cancel.is_set()  # the gate cancelled it (it may have finished before: tiny)
     milp._thread.join(timeout=60)
     assert not milp._thread.is_alive()
@@ -114,11 +126,17 @@ def test_the_result_of_a_cancelled_early_milp_is_an_error():
     graph, fraction = _gate_runs_graph()
     cfg = load_config("hiremate")
     budget = int(fraction * hiremate.simulate(graph, hiremate.autodiff_schedule(graph)).peak)
-    stop = threading.Event()
-    stop.set()  # cancelled before its thread starts: HiGHS never runs
-    milp = early.EarlyFlatHilp(graph, budget, cfg.solver_params.get("hilp", {}), cancel=stop)
+    milp = early.EarlyFlatHilp(graph, budget, cfg.solver_params.get("hilp", {}))
+    milp.cancel()  # before it started: it never starts, and HiGHS never runs
     with pytest.raises(SolverError, match="cancelled"):
         milp.result()
+    assert not milp.started
+    stop = threading.Event()
+    stop.set()  # the caller's event, set before the thread's solve reaches HiGHS
+    shared = early.EarlyFlatHilp(graph, budget, cfg.solver_params.get("hilp", {}), cancel=stop)
+    shared._thread.start()
+    with pytest.raises(SolverError, match="cancelled"):
+        shared.result()
 
 
 def test_it_does_not_start_where_it_cannot_pay(monkeypatch):
@@ -135,13 +153,13 @@ def test_it_does_not_start_where_it_cannot_pay(monkeypatch):
     flat_path(graph, budget, cfg, found, hold_hilp=True)
     best = min(c.sim.time for c in found.candidates)
     # one core: nothing beside the hierarchy
-    assert early.start_early_flat_hilp(graph, budget, cfg, found.candidates, best) is None
+    assert early.plan_early_flat_hilp(graph, budget, cfg, found.candidates, best) is None
     monkeypatch.setattr(early, "spare_core", lambda n_jobs: True)
     two = load_config("hiremate", flat_gap=0.05, n_jobs=2)
     # the flat heuristics within flat_gap of the bound: the gate is sure to skip the MILP
-    assert early.start_early_flat_hilp(graph, budget, two, found.candidates, best) is None
+    assert early.plan_early_flat_hilp(graph, budget, two, found.candidates, best) is None
     # no flat heuristic fitted: the gate defers it, warm from the hierarchy
-    assert early.start_early_flat_hilp(graph, budget, two, [], best / 2) is None
+    assert early.plan_early_flat_hilp(graph, budget, two, [], best / 2) is None
     # a backend that cannot be cancelled here
     monkeypatch.setattr(backends, "_loaded", lambda module: True)
-    assert early.start_early_flat_hilp(graph, budget, two, found.candidates, best / 2) is None
+    assert early.plan_early_flat_hilp(graph, budget, two, found.candidates, best / 2) is None

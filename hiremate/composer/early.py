@@ -5,7 +5,9 @@ and runs only when their best schedule leaves more than ``flat_gap`` to the mome
 (:mod:`hiremate.composer.flat`). Where it does run, its MILP (tens of seconds near the flat size
 limit) came after all of that, although most of the hierarchy's work is serial (the top MILPs,
 rk-Rotor, the polish) and leaves a core idle. Started beside the hierarchy, the MILP uses that
-core, and the gate later takes its answer, or cancels it when the gate skips the MILP.
+core, and the gate later takes its answer, or cancels it when the gate skips the MILP. It
+starts once the hierarchy's menus are made: they run on every core (``n_jobs``), and a MILP
+beside them would only slow them, where the gate may skip it after all.
 
 The schedule does not change: the MILP is the same problem with the same work limit, so its
 answer does not depend on when it ran or what ran beside it, and the gate's decision is made
@@ -34,11 +36,11 @@ FlatOutcome = tuple[Candidate | None, int | None, str]
 
 
 class EarlyFlatHilp:
-    """The flat H-ILP of ``graph`` at ``budget`` (its configured parameters ``params``), solving
-    on a thread of its own from construction. :meth:`result` waits for its answer;
-    :meth:`cancel` abandons it without waiting (the thread stops at HiGHS's next interrupt
-    check and is not a daemon, so the interpreter never exits inside the solver). ``cancel``:
-    an event of the caller's that also cancels it (one event can stop several)."""
+    """The flat H-ILP of ``graph`` at ``budget`` (its configured parameters ``params``), to be
+    solved on a thread of its own once :meth:`start` is called. :meth:`result` waits for its
+    answer (starting it first if nobody did); :meth:`cancel` abandons it without waiting (the
+    thread stops at HiGHS's next interrupt check and is not a daemon, so the interpreter never
+    exits inside the solver). ``cancel``: an event of the caller's that also cancels it."""
 
     def __init__(self, graph: Graph, budget: int, params: dict[str, Any],
                  cancel: threading.Event | None = None):
@@ -48,7 +50,16 @@ class EarlyFlatHilp:
         self.seconds = 0.0
         self._thread = threading.Thread(target=self._run, args=(graph, budget, params),
                                         name="hiremate-early-flat-hilp")
-        self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    def start(self) -> None:
+        """Start solving (once; not after :meth:`cancel`)."""
+        if not self.started and not self._cancel.is_set():
+            log.debug("flat hilp started early, beside the hierarchy")
+            self._thread.start()
 
     def _run(self, graph: Graph, budget: int, params: dict[str, Any]) -> None:
         from hiremate.solvers.hilp.cancel import SolveCancelled, cancellable
@@ -65,7 +76,9 @@ class EarlyFlatHilp:
 
     def result(self) -> FlatOutcome:
         """The answer, as :func:`~hiremate.composer.flat.flat_candidate` gives it."""
-        self._thread.join()
+        self.start()
+        if self.started:
+            self._thread.join()
         if self._error is not None:
             raise self._error
         if self._outcome is None:
@@ -73,7 +86,7 @@ class EarlyFlatHilp:
         return self._outcome
 
     def cancel(self) -> None:
-        """Abandon the solve (a no-op once it has finished)."""
+        """Abandon the solve (a no-op once it has finished; it never starts if it had not)."""
         self._cancel.set()
 
 
@@ -88,10 +101,10 @@ def spare_core(n_jobs: int) -> bool:
     return cores >= 2
 
 
-def start_early_flat_hilp(graph: Graph, budget: int, cfg: Any, candidates: list[Candidate],
-                          bound: float) -> EarlyFlatHilp | None:
-    """The early flat H-ILP when it may pay (module doc), else None. ``candidates``: the flat
-    heuristics' schedules; ``bound``: the moment bound at ``budget``."""
+def plan_early_flat_hilp(graph: Graph, budget: int, cfg: Any, candidates: list[Candidate],
+                         bound: float) -> EarlyFlatHilp | None:
+    """The early flat H-ILP, not started yet, when it may pay (module doc), else None.
+    ``candidates``: the flat heuristics' schedules; ``bound``: the moment bound at ``budget``."""
     from hiremate.registry import make_solver
     from hiremate.solvers.hilp.backends import can_cancel
 
@@ -105,5 +118,4 @@ def start_early_flat_hilp(graph: Graph, budget: int, cfg: Any, candidates: list[
     if not can_cancel(getattr(getattr(make_solver("hilp", params), "config", None),
                               "backend", "highs")):
         return None
-    log.debug("flat hilp started early, beside the hierarchy")
     return EarlyFlatHilp(graph, budget, params)

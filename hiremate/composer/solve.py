@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,15 +111,16 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
 
 def _early_flat(graph: Graph, budget: int, cfg: Any, found: Paths, gated: bool
                 ) -> tuple[float | None, Any]:
-    """The moment bound and the early flat H-ILP (:mod:`hiremate.composer.early`) when the
-    gate will decide on the flat H-ILP and a flat heuristic fitted; (None, None) otherwise."""
+    """The moment bound and the early flat H-ILP (:mod:`hiremate.composer.early`, started
+    once the hierarchy's menus are made) when the gate will decide on the flat H-ILP and a
+    flat heuristic fitted; (None, None) otherwise."""
     if not gated or not found.candidates:
         return None, None
-    from hiremate.composer.early import start_early_flat_hilp
+    from hiremate.composer.early import plan_early_flat_hilp
     from hiremate.solvers.hilp.moment_bound import moment_time_bound
 
     bound = moment_time_bound(graph, budget)
-    return bound, start_early_flat_hilp(graph, budget, cfg, found.candidates, bound)
+    return bound, plan_early_flat_hilp(graph, budget, cfg, found.candidates, bound)
 
 
 def _solve_rest(graph: Graph, budget: int, cfg: Any, cache: Any, start: float, top_key: dict,
@@ -134,7 +136,8 @@ def _solve_rest(graph: Graph, budget: int, cfg: Any, cache: Any, start: float, t
         and min(c.sim.time for c in found.candidates) <= cfg.hierarchical_above * ad.time)
     hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not settled)
     if hier_used:
-        _hierarchical_path(graph, budget, cfg, cache, found, report)
+        _hierarchical_path(graph, budget, cfg, cache, found, report,
+                           after_menus=early.start if early is not None else None)
         if cfg.sequence_top and cfg.partitioner != "sequence":
             _sequence_path(graph, budget, cfg, cache, found, report)
         if deferred:
@@ -206,12 +209,14 @@ def _partition(graph: Graph, cfg: Any, report: dict[str, Any], partitioner: Any 
 
 
 def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths,
-                       report: dict[str, Any]) -> None:
+                       report: dict[str, Any], after_menus: Callable[[], None] | None = None
+                       ) -> None:
     """Every level of the partition solved bottom-up, then every top-level composer over the
     top level's blocks. When no composer finds a schedule within the budget and the budget is
     not below the graph's memory floor, the partition is made again with a smaller top (the
     partitioner's ``coarser``), up to ``cfg.coarser_tops`` times; those candidates are named
-    ``coarse<k>:<composer>``, and the report's ``coarser_tops`` lists each try."""
+    ``coarse<k>:<composer>``, and the report's ``coarser_tops`` lists each try.
+    ``after_menus``: called once the first partition's menus are made."""
     from hiremate.ir.tracker import memory_floor
     from hiremate.registry import make_partitioner
 
@@ -219,7 +224,7 @@ def _hierarchical_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: P
     hierarchy = _partition(graph, cfg, report, partitioner)
     before = len(found.candidates)
     report.update(_compose(graph, budget, cfg, cache, found, hierarchy, bool(cfg.middle),
-                           cfg.top, ""))
+                           cfg.top, "", after_menus))
     tries: list[dict[str, Any]] = []
     # below the memory floor no schedule that runs the nodes in order fits: no top would help
     retry = cfg.coarser_tops if budget >= memory_floor(graph) else 0
@@ -266,10 +271,11 @@ def _sequence_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths
 
 
 def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hierarchy: Any,
-             recursive: bool, top: list[str], prefix: str) -> dict[str, Any]:
-    """Menus for ``hierarchy``'s units (every level when ``recursive``), then each composer of
-    ``top`` over its top level; candidates go to ``found`` (sources prefixed by ``prefix``).
-    Returns the facts for the report."""
+             recursive: bool, top: list[str], prefix: str,
+             after_menus: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Menus for ``hierarchy``'s units (every level when ``recursive``), then (after
+    ``after_menus``, when given) each composer of ``top`` over its top level; candidates go to
+    ``found`` (sources prefixed by ``prefix``). Returns the facts for the report."""
     from hiremate.registry import make_solver
 
     from hiremate.composer.levels import build_units, solve_levels
@@ -278,6 +284,8 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hier
     blocks = [u.block for u in units]
     t0 = time.perf_counter()
     facts = solve_levels(units, cfg, cache)
+    if after_menus is not None:
+        after_menus()
     every = [u for unit in units for u in unit.walk()]
     leaf = facts["leaf"]
     report: dict[str, Any] = {
