@@ -37,9 +37,9 @@ def _solve_with_failing_top(monkeypatch, graph, budget, fail_prefixes, calls=Non
     calls = [] if calls is None else calls
     real = REAL_COMPOSE
 
-    def spy(graph, budget, cfg, cache, found, hierarchy, recursive, top, prefix):
+    def spy(graph, budget, cfg, cache, found, hierarchy, recursive, top, prefix, *rest):
         before = len(found.candidates)
-        facts = real(graph, budget, cfg, cache, found, hierarchy, recursive, top, prefix)
+        facts = real(graph, budget, cfg, cache, found, hierarchy, recursive, top, prefix, *rest)
         calls.append((prefix, len(hierarchy.top)))
         if prefix in fail_prefixes:
             del found.candidates[before:]

@@ -126,7 +126,8 @@ def gated_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths, report: d
     as without the gate (cold, then rewarmed; or deferred when no flat heuristic fitted) and
     the caller polishes everything again. The report's ``flat_gate`` says which and why.
     ``bound``: the moment bound at ``budget`` when the caller has it; ``early``: the cold MILP
-    started beside the hierarchy (:mod:`hiremate.composer.early`), taken or cancelled here."""
+    planned to start beside the hierarchy (:mod:`hiremate.composer.early`), taken or cancelled
+    here (``flat_gate``'s ``early``: whether it had started before the gate)."""
     from hiremate.solvers.hilp.moment_bound import moment_time_bound
 
     if "hilp" not in cfg.flat or not applicable("hilp", cfg, graph):
@@ -138,7 +139,8 @@ def gated_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths, report: d
     gap = min(times) / bound - 1 if times and 0 < bound < math.inf else math.inf
     ran = gap > cfg.flat_gap
     report["flat_gate"] = {"gap": None if math.isinf(gap) else round(gap, 6),
-                           "threshold": cfg.flat_gap, "ran": ran, "early": early is not None}
+                           "threshold": cfg.flat_gap, "ran": ran,
+                           "early": early is not None and early.started}
     if not ran or not any(c.source in cfg.flat for c in found.candidates):
         if early is not None:
             early.cancel()
