@@ -20,7 +20,6 @@ cancelled (HiGHS in this process: :func:`~hiremate.solvers.hilp.backends.can_can
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -92,13 +91,9 @@ class EarlyFlatHilp:
 
 def spare_core(n_jobs: int) -> bool:
     """Whether a second core is there for the early MILP: ``n_jobs`` 1 asks for one core."""
-    if n_jobs == 1:
-        return False
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return cores >= 2
+    import joblib
+
+    return n_jobs != 1 and (joblib.cpu_count() or 1) >= 2
 
 
 def plan_early_flat_hilp(graph: Graph, budget: int, cfg: Any, candidates: list[Candidate],

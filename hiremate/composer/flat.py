@@ -141,10 +141,9 @@ def gated_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths, report: d
     report["flat_gate"] = {"gap": None if math.isinf(gap) else round(gap, 6),
                            "threshold": cfg.flat_gap, "ran": ran,
                            "early": early is not None and early.started}
-    if not ran or not any(c.source in cfg.flat for c in found.candidates):
-        if early is not None:
-            early.cancel()
     if not ran:
+        if early is not None:
+            early.cancel()  # stop it now, not when the solve returns
         log.info("flat hilp skipped: the best schedule is %.2f%% above the bound, within "
                  "flat_gap %.2f%%", 100 * gap, 100 * cfg.flat_gap)
         return trial

@@ -101,60 +101,37 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     if flat_used:
         deferred = flat_path(graph, budget, cfg, found, hold_hilp=gated)
     bound, early = _early_flat(graph, budget, cfg, found, gated)
+    memo: dict = {}  # polishes by start: the gate's trial and the final one share them
     try:
-        return _solve_rest(graph, budget, cfg, cache, start, top_key, pool, ad, report, found,
-                           flat_used, gated, deferred, bound, early)
+        # the hierarchical path is skipped only when a flat schedule is known to be the best there
+        # is (an H-ILP proof of optimality) or is within hierarchical_above of autodiff's time: a
+        # time-limited flat MILP often keeps a poor incumbent that the hierarchy beats
+        settled = any(c.detail.get("optimal") for c in found.candidates) or (
+            bool(found.candidates) and ad.time > 0
+            and min(c.sim.time for c in found.candidates) <= cfg.hierarchical_above * ad.time)
+        hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not settled)
+        if hier_used:
+            _hierarchical_path(graph, budget, cfg, cache, found, report,
+                               after_menus=early.start if early is not None else None)
+            if cfg.sequence_top and cfg.partitioner != "sequence":
+                _sequence_path(graph, budget, cfg, cache, found, report)
+            if deferred:
+                deferred_flat_hilp(graph, budget, cfg, found, report)
+            elif flat_used and cfg.flat_rewarm and not gated:
+                rewarm_flat(graph, budget, cfg, found, report)
+        else:  # the report describes the partition even when the flat path alone decided
+            _partition(graph, cfg, report)
+        report["flat_path"] = flat_used
+        report["hierarchical_path"] = hier_used
+        pooled = _pooled(pool, budget)
+        polished = None
+        if gated:
+            polished = gated_flat_hilp(graph, budget, cfg, found, report, lambda cands: _polish(
+                graph, budget, cfg, Paths(cands + pooled), report, memo) if cfg.polish else [],
+                bound=bound, early=early)
     finally:
         if early is not None:
-            early.cancel()  # taken by the gate, or never wanted when a path raised
-
-
-def _early_flat(graph: Graph, budget: int, cfg: Any, found: Paths, gated: bool
-                ) -> tuple[float | None, Any]:
-    """The moment bound and the early flat H-ILP (:mod:`hiremate.composer.early`, started
-    once the hierarchy's menus are made) when the gate will decide on the flat H-ILP and a
-    flat heuristic fitted; (None, None) otherwise."""
-    if not gated or not found.candidates:
-        return None, None
-    from hiremate.composer.early import plan_early_flat_hilp
-    from hiremate.solvers.hilp.moment_bound import moment_time_bound
-
-    bound = moment_time_bound(graph, budget)
-    return bound, plan_early_flat_hilp(graph, budget, cfg, found.candidates, bound)
-
-
-def _solve_rest(graph: Graph, budget: int, cfg: Any, cache: Any, start: float, top_key: dict,
-                pool: Any, ad: SimulationResult, report: dict[str, Any], found: Paths,
-                flat_used: bool, gated: bool, deferred: bool, bound: float | None, early: Any
-                ) -> SolveResult:
-    """:func:`solve` after the flat heuristics: the hierarchy, the gate, polish, the choice."""
-    # the hierarchical path is skipped only when a flat schedule is known to be the best there
-    # is (an H-ILP proof of optimality) or is within hierarchical_above of autodiff's time: a
-    # time-limited flat MILP often keeps a poor incumbent that the hierarchy beats
-    settled = any(c.detail.get("optimal") for c in found.candidates) or (
-        bool(found.candidates) and ad.time > 0
-        and min(c.sim.time for c in found.candidates) <= cfg.hierarchical_above * ad.time)
-    hier_used = bool(cfg.bottom and cfg.top) and (not flat_used or not settled)
-    if hier_used:
-        _hierarchical_path(graph, budget, cfg, cache, found, report,
-                           after_menus=early.start if early is not None else None)
-        if cfg.sequence_top and cfg.partitioner != "sequence":
-            _sequence_path(graph, budget, cfg, cache, found, report)
-        if deferred:
-            deferred_flat_hilp(graph, budget, cfg, found, report)
-        elif flat_used and cfg.flat_rewarm and not gated:
-            rewarm_flat(graph, budget, cfg, found, report)
-    else:  # the report describes the partition even when the flat path alone decided
-        _partition(graph, cfg, report)
-    report["flat_path"] = flat_used
-    report["hierarchical_path"] = hier_used
-    pooled = _pooled(pool, budget)
-    polished = None
-    memo: dict = {}
-    if gated:
-        polished = gated_flat_hilp(graph, budget, cfg, found, report, lambda cands: _polish(
-            graph, budget, cfg, Paths(cands + pooled), report, memo) if cfg.polish else [],
-            bound=bound, early=early)
+            early.cancel()  # taken or skipped by the gate, or unwanted when a path raised
     found.candidates.extend(pooled)
     if cfg.polish and found.candidates:
         found.candidates.extend(polished if polished is not None else
@@ -171,6 +148,20 @@ def _solve_rest(graph: Graph, budget: int, cfg: Any, cache: Any, start: float, t
     report["solve_time"] = time.perf_counter() - start
     cache.put(top_key, encode_solve(best.schedule, report))
     return SolveResult(best.schedule, best.sim, report)
+
+
+def _early_flat(graph: Graph, budget: int, cfg: Any, found: Paths, gated: bool
+                ) -> tuple[float | None, Any]:
+    """The moment bound and the early flat H-ILP (:mod:`hiremate.composer.early`, started
+    once the hierarchy's menus are made) when the gate will decide on the flat H-ILP and a
+    flat heuristic fitted; (None, None) otherwise."""
+    if not gated or not found.candidates:
+        return None, None
+    from hiremate.composer.early import plan_early_flat_hilp
+    from hiremate.solvers.hilp.moment_bound import moment_time_bound
+
+    bound = moment_time_bound(graph, budget)
+    return bound, plan_early_flat_hilp(graph, budget, cfg, found.candidates, bound)
 
 
 def _cached_solution(graph: Graph, budget: int, hit: Any, pool: Any,
