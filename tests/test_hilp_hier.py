@@ -271,3 +271,36 @@ def test_a_retry_that_times_out_keeps_the_earlier_schedules(monkeypatch):
     found, _ = HilpTop(time_limit=10, retries=3).compose(problem, int(budget * 1.5))
     assert len(calls) >= 2, "the first schedule left no room: the retry path was not exercised"
     assert found and all(simulate(g, c.schedule).peak <= int(budget * 1.5) for c in found)
+
+
+def test_forward_profiles_credit_an_output_once_the_part_is_done_with_it():
+    """B.3's output side: in a forward part, a block output counts in every step's memory from
+    when the part makes it; the steps after its last use inside the part list it among the
+    values the level above may have freed (and the steps up to that use do not), so a top
+    level that frees it after the node credits it there. Blocks with such early outputs are
+    found on random graphs cut by H-Partition."""
+    from hiremate.solvers.hilp.hier import option_costs
+
+    early = 0
+    for seed in range(12):
+        g = random_graph(seed, 14)
+        problem = problem_of(g, HPartition(max_top=4, max_sub=4))
+        for b in problem.blocks:
+            outs = {b.data_map[d] for d in b.graph.outputs}
+            for opt in b.options + checkpoint_options(b):
+                cost = option_costs(b, opt)
+                # last forward step that makes or reads each output, and the step count
+                fwd = [s for s in opt.fwd if isinstance(s, Compute)]
+                last = {}
+                for i, s in enumerate(fwd):
+                    node = b.graph.nodes[s.node]
+                    for d in (*node.inputs, *node.outputs):
+                        if b.data_map[d] in outs:
+                            last[b.data_map[d]] = i
+                credited = set().union(*(fr for _, fr in cost.fwd_profile)) & outs
+                done_early = {d for d, i in last.items() if i < len(fwd) - 1}
+                assert credited <= done_early
+                early += len(credited)
+                for w, fr in cost.fwd_profile:  # a credit never exceeds what the step holds
+                    assert sum(g.data[d].size for d in fr & outs) <= w
+    assert early  # some blocks make an output before their last step and are credited

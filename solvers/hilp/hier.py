@@ -43,10 +43,11 @@ Model (:func:`build_hier_model`): the flat model of the top graph (``R``, ``P``,
   the sub-sequence from above whatever of the block's interface is alive.
 
 The per-step peaks ``w_o`` take the role of the B.3 correction terms (they use the option's
-whole step profile rather than one overhead figure), with B.3's input-side credits: each step's
-row subtracts the block inputs read for the last time before it when the level above frees
-them right after the node. The output side is not credited (an output the level above frees
-at once still counts until the part ends: conservative).
+whole step profile rather than one overhead figure), with B.3's credits: each step's row
+subtracts the interface values the part is done with before it (block inputs read for the last
+time; in a forward part, block outputs made and read for the last time) when the level above
+frees them right after the node. Outputs a backward part makes (input gradients, recomputed
+outputs) are not credited: the level above reads them later, so it seldom frees them there.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def build_hier_model(top: TopGraph, budget: int, mem_unit: float | None = None,
             rows.add(b + np.arange(len(tt)), ro, 1.0)
             c[ro] = oc.fwd_time if is_f else oc.bwd_time
             # budget rows (t, k) keep only V[t,k] <= cap for block nodes; the option's steps
-            # get rows of their own, with the B.3 credits for inputs freed after the node
+            # get rows of their own, with the B.3 credits for values freed after the node
             put(b_budget + tt * (tt + 1) // 2 + k, ro, -w_flat[k])
             for w, fr in (oc.fwd_profile if is_f else oc.bwd_profile):
                 b2 = rows.block(len(tt), -np.inf, cap)

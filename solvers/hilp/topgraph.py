@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from hiremate.ir.blocks import Block, TopProblem
 
 
-#: a step profile: (memory above the rest while the step runs, top-level inputs already read
-#: for the last time in the part: freed by then when the level above frees them after the node)
+#: a step profile: (memory above the rest while the step runs, interface values the part is done
+#: with: top-level inputs read for the last time, and in a forward part block outputs made and
+#: read for the last time; freed by then when the level above frees them after the node)
 Profile = tuple[tuple[int, frozenset], ...]
 
 
@@ -57,9 +58,9 @@ class OptionCost:
 
 
 def _prune(entries: list[tuple[int, frozenset]]) -> Profile:
-    """Keep, per set of freed inputs, the highest memory; drop an entry that another with no
-    more credits and at least as much memory covers. The sets grow along a part (an input read
-    for the last time stays so), hence at most ``inputs + 1`` entries remain."""
+    """Keep, per set of freed values, the highest memory; drop an entry that another with no
+    more credits and at least as much memory covers. The sets grow along a part (a value done
+    with stays so), hence at most ``interface values + 1`` entries remain."""
     best: dict[frozenset, int] = {}
     for w, fr in entries:
         best[fr] = max(best.get(fr, w), w)
@@ -105,21 +106,28 @@ def option_costs(block: "Block", option: Option) -> OptionCost:
     Backward, per step: ``memory - gradients in still alive``, minus the phantom and minus the
     outputs the part does not recompute (the level above holds the phantom and all gradients
     in; an output the part does not recompute is either alive above, or absent in the full
-    graph too). Each step also lists the inputs (full ids) read for the last time before it:
-    the B.3 correction credits them when the level above frees them after the node."""
+    graph too). Each step also lists the interface values (full ids) the part is done with
+    before it, inputs read for the last time and, in the forward part, outputs made and read
+    for the last time: the B.3 correction credits them when the level above frees them after
+    the node (for an output, that is when the level above neither keeps it nor reads it later
+    in the phase; the simulator then frees it after its last use inside the part)."""
     sub = block.graph
     dmap = block.data_map
     counted = counted_sizes(sub)
     grads_in = set(sub.nodes[sub.loss].outputs)
     outs = set(sub.outputs)
     parts = (list(option.fwd), list(option.bwd))
-    # last compute-step index of each read, per part (full data ids)
+    # last compute-step index that touches each value, per part (full data ids): reads, and
+    # in the forward part also the making of a block output (B.3's output side: an output the
+    # level above frees after the node goes once the part has made it and read it last)
     last: list[dict[int, int]] = []
-    for part in parts:
+    for p, part in enumerate(parts):
         lr: dict[int, int] = {}
         for i, step in enumerate(part):
             if isinstance(step, Compute):
-                for d in sub.nodes[step.node].inputs:
+                node = sub.nodes[step.node]
+                made = [d for d in node.outputs if d in outs] if p == 0 else []
+                for d in (*node.inputs, *made):
                     lr[dmap[d]] = i
         last.append(lr)
 
