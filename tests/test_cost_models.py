@@ -251,3 +251,33 @@ def test_a_bfloat16_model_is_fitted_and_wrapped_with_eagers_gradients(tmp_path):
     reference(x).float().square().sum().backward()
     for ours, theirs in zip(wrapped.parameters(), reference.parameters()):
         assert torch.equal(ours.grad, theirs.grad)
+
+
+def test_activations_softmaxes_and_random_draws_are_priced_per_element(fit_dir):
+    """tanh, GELU, SiLU, softmax and dropout's Bernoulli draw cost far more per element on a
+    CPU than a copy does (priced as copies, GPT2's dropouts read 25x cheaper than they run, so
+    the solvers reran them freely): each has a class whose per-element rate is fitted, above
+    the elementwise fixed cost they share with the ``memory`` class; an op of the family that
+    the calibration does not run falls in the generic ``transcendental`` class."""
+    import torch.nn.functional as F
+
+    from hiremate.graphbuilder.costs.analytic import op_class
+
+    def step(x):
+        mask = torch.ops.aten.bernoulli.p(torch.empty_like(x), 0.9)
+        y = torch.tanh(x) + F.gelu(x) + F.silu(x) + torch.log1p(x.abs()) + x * mask
+        return torch.autograd.grad((y * x.softmax(-1)).sum(), (x,))
+
+    nodes = _traced_step(step, (8, 16))
+    classes = {str(n.target).split(".")[1]: op_class(n) for n in nodes}
+    assert classes["bernoulli"] == "random"
+    assert classes["tanh"] == "tanh" and classes["gelu"] == "gelu" and classes["silu"] == "silu"
+    assert classes["_softmax"] == "_softmax" and classes["log1p"] == "transcendental"
+    assert classes["mul"] == "memory" and classes["abs"] == "memory"
+    fit = roofline.load_or_fit(torch.device("cpu"), torch.float32, fit_dir)
+    memory = fit.coefficients["memory"]
+    for kind in ("random", "tanh", "_safe_softmax", "transcendental"):
+        per_op, per_element, per_byte = fit.coefficients[kind]
+        assert per_op == memory[0]
+        # per element of a float32 result: above what a copy's eight bytes cost
+        assert per_element + 8 * per_byte > 8 * memory[2], kind

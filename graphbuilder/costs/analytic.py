@@ -23,13 +23,32 @@ from hiremate.graphbuilder.opinfo import op_kind, schema_name
 #: passes, per-channel loops); ``norm``: the other normalisations and softmax; ``reduce``: sums,
 #: means and extrema (one pass, a small output); ``view``: ops that allocate nothing, whose
 #: time is the dispatch alone; ``fft``: discrete Fourier transforms (log n passes over their
-#: data, a per-element cost of their own)
+#: data, a per-element cost of their own); ``random``: random draws (dropout's Bernoulli mask),
+#: whose generator costs per element far more than a copy does; the activations and softmaxes
+#: of :data:`CALIBRATED_ELEMENTWISE`, each a class of its own, and ``transcendental``, the other
+#: elementwise ops that evaluate an exponential, logarithm, trigonometric or error function per
+#: element: compute-bound on a CPU, where ``memory`` ops are not, and far apart from one another
+#: (one thread here: tanh about 2 ns per element, exp 0.6, GELU 0.2, an addition 0.09)
+CALIBRATED_ELEMENTWISE = ("tanh", "exp", "sigmoid", "erf", "gelu", "gelu_backward", "silu",
+                          "silu_backward", "_softmax", "_safe_softmax")
 OP_CLASSES = ("matmul", "conv", "conv_backward", "conv_pointwise", "conv_pointwise_backward",
-              "batch_norm", "norm", "reduce", "fft", "memory", "view")
+              "batch_norm", "norm", "reduce", "fft", "random", "transcendental",
+              *CALIBRATED_ELEMENTWISE, "memory", "view")
 _MATMULS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
 _REDUCTIONS = ("aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::var",
                "aten::var_mean", "aten::std", "aten::max", "aten::min", "aten::norm")
 _FFTS = ("aten::_fft_r2c", "aten::_fft_c2r", "aten::_fft_c2c")
+_TRANSCENDENTAL = frozenset(
+    f"aten::{name}" for name in (
+        "tanh", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sigmoid", "erf",
+        "erfc", "erfinv", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+        "gelu", "gelu_backward", "silu", "silu_backward", "mish", "mish_backward", "elu",
+        "softplus", "softplus_backward", "logsigmoid", "log_sigmoid_forward",
+        "_softmax", "_safe_softmax", "_log_softmax", "softmax", "log_softmax"))
+_RANDOM = frozenset(
+    f"aten::{name}" for name in (
+        "bernoulli", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
+        "normal", "uniform", "exponential", "native_dropout", "randperm", "multinomial"))
 #: the ``flops`` model's fixed machine (per device kind): FLOP/s, bytes/s, seconds per op
 FIXED_MACHINE = {"cpu": (5e10, 1e10, 3e-6), "cuda": (5e13, 1e12, 8e-6)}
 #: an attention backward recomputes the scores and forms three gradients: about 2.5 forwards
@@ -101,6 +120,12 @@ def op_class(node: torch.fx.Node) -> str | None:
         return "conv_pointwise" if _pointwise(node, 1, 3) else "conv"
     if name == "aten::convolution_backward":
         return "conv_pointwise_backward" if _pointwise(node, 2, 4) else "conv_backward"
+    base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    if base in _RANDOM:  # an in-place variant costs what the op does
+        return "random"
+    if base in _TRANSCENDENTAL:
+        short = base.removeprefix("aten::")
+        return short if short in CALIBRATED_ELEMENTWISE else "transcendental"
     if "batch_norm" in name:
         return "batch_norm"
     if "norm" in name or "softmax" in name:

@@ -33,13 +33,14 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from hiremate.errors import FormatError
-from hiremate.graphbuilder.costs.analytic import (FIXED_MACHINE, OP_CLASSES, bytes_moved,
-                                                  flops_of, op_class)
+from hiremate.graphbuilder.costs.analytic import (CALIBRATED_ELEMENTWISE, FIXED_MACHINE,
+                                                  OP_CLASSES, bytes_moved, flops_of, op_class)
 from hiremate.graphbuilder.costs.timing import device_clock, time_in_place, time_nodes
 
 log = logging.getLogger(__name__)
 
-FORMAT = 8  # 8: pointwise convolutions, batch norms, reductions and FFTs in classes of their own
+FORMAT = 9  # 9: transcendental and random ops in classes of their own (8: pointwise
+# convolutions, batch norms, reductions and FFTs)
 #: interleaved timing rounds of the calibration programs (the fastest of each op is kept: on a
 #: shared virtual machine the host's bursts of other work can outlast several rounds)
 CALIBRATION_ROUNDS = 11
@@ -177,6 +178,15 @@ def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]], bool]]:
         y = F.layer_norm(x, x.shape[-1:], w, b)
         return torch.autograd.grad((y * x).tanh().sum(), (x, w, b))
 
+    def activation_step(x):  # activations and softmaxes (CALIBRATED_ELEMENTWISE)
+        y = torch.tanh(x) + torch.sigmoid(x) + F.silu(x) + F.gelu(x) + torch.erf(x)
+        attention = torch.ops.aten._safe_softmax.default(x, -1)  # SDPA's math path
+        return torch.autograd.grad((y.exp() * x.softmax(-1) * attention).sum(), (x,))
+
+    def dropout_step(x):  # dropout's mask as a captured graph has it: a functional draw
+        mask = torch.ops.aten.bernoulli.p(torch.empty_like(x), 0.9)
+        return torch.autograd.grad((x * mask).sum(), (x,))
+
     def batch_norm_step(x, w, b):
         y = F.batch_norm(x, None, None, w, b, training=True)
         z = F.max_pool2d(torch.relu(y), 2)
@@ -238,6 +248,9 @@ def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]], bool]]:
         programs.append((norm_step, [(rows, cols), (cols,), (cols,)]))
     for n, c, hw in ((2, 8, 16), (4, 16, 32), (8, 32, 32), (4, 64, 64)):
         programs.append((batch_norm_step, [(n, c, hw, hw), (c,), (c,)]))
+    for rows, cols in ((16, 64), (64, 256), (256, 1024), (512, 2048)):
+        programs.append((activation_step, [(rows, cols)]))
+        programs.append((dropout_step, [(rows, cols)]))
     return [(f, shapes, True) for f, shapes in models] + [(f, s, False) for f, s in programs]
 
 
@@ -245,6 +258,27 @@ def _programs() -> list[tuple[Callable[..., Any], list[tuple[int, ...]], bool]]:
 #: a reduction's "FLOPs" count its output elements, which says nothing of the pass over its
 #: input (a bias gradient sums a large tensor into a small one)
 _FREE = {"view": (0,), "reduce": (0, 2)}
+
+
+#: classes whose per-element rates are fitted on top of the ``memory`` class's fixed cost: an
+#: activation, a softmax or a random draw is an elementwise op like any other below a few
+#: thousand elements, and timed inside the calibration programs a small one reads 10-60 us of
+#: cold start that a model's step does not pay (tanh on 1,024 elements: 4.7 us alone, 18-22 us
+#: in place), which a free intercept would charge to every such op
+_ELEMENTWISE_RATES = ("random", "transcendental", *CALIBRATED_ELEMENTWISE)
+
+
+def _elementwise_rate(rows: list[tuple[float, float, float]],
+                      memory: tuple[float, float, float]) -> tuple[float, float, float]:
+    """``(per_op, per_flop, per_byte)`` of an elementwise class: the ``memory`` class's fixed
+    cost, and per-element and per-byte rates fitted to the samples where the work outweighs
+    that cost (at least half of the time); the ``memory`` class's own figures without any."""
+    fixed = memory[0]
+    work = [(f, b, t - fixed) for f, b, t in rows if t - fixed >= 0.5 * t]
+    if not work:
+        return memory
+    _, per_flop, per_byte = _nnls_relative(work, free=(1, 2))
+    return fixed, per_flop, per_byte
 
 
 def _conv(x: torch.Tensor, w: torch.Tensor, stride: int = 1) -> torch.Tensor:
@@ -295,12 +329,18 @@ def calibrate(device: torch.device, dtype: torch.dtype) -> RooflineFit:
         kind = op_class(node)
         took = warm_views[node.name] if kind == "view" else times[node.name]
         samples[kind].append((flops_of(node), bytes_moved(node), took))
+    for kind in CALIBRATED_ELEMENTWISE:  # the other transcendental ops: fitted on them all
+        samples["transcendental"] += samples[kind]
     rate, bandwidth, per_op = FIXED_MACHINE["cuda" if device.type == "cuda" else "cpu"]
     coefficients = {}
     for kind, rows in samples.items():
+        if kind in _ELEMENTWISE_RATES:
+            continue
         free = _FREE.get(kind, (0, 1, 2))
         coefficients[kind] = (_nnls_relative(rows, free) if len(rows) >= len(free)
                               else (per_op, 1.0 / rate, 1.0 / bandwidth))
+    for kind in _ELEMENTWISE_RATES:
+        coefficients[kind] = _elementwise_rate(samples[kind], coefficients["memory"])
     fit = RooflineFit(coefficients, machine_fingerprint(device, dtype))
     scale, dispatch = _step_terms(fit, models, device)
     return dataclasses.replace(fit, dispatch=dispatch, scale=scale)
