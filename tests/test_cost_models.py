@@ -255,7 +255,7 @@ def test_a_bfloat16_model_is_fitted_and_wrapped_with_eagers_gradients(tmp_path):
 
 def test_activations_softmaxes_and_random_draws_are_priced_per_element(fit_dir):
     """tanh, GELU, SiLU, softmax and dropout's Bernoulli draw cost far more per element on a
-    CPU than a copy does (priced as copies, GPT2's dropouts read 25x cheaper than they run, so
+    CPU than a copy does (priced as copies, GPT2's dropouts read far cheaper than they run, so
     the solvers reran them freely): each has a class whose per-element rate is fitted, above
     the elementwise fixed cost they share with the ``memory`` class; an op of the family that
     the calibration does not run falls in the generic ``transcendental`` class."""

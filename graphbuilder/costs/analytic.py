@@ -20,7 +20,7 @@ from hiremate.graphbuilder.opinfo import op_kind, schema_name
 #: ``conv_pointwise``: 1x1 convolutions with unit stride, no padding and one group, which run
 #: as one matrix product (no unfolding, no per-group loop), so their fixed cost is far below
 #: a general convolution's; ``batch_norm``: batch statistics and their backward (several
-#: passes, per-channel loops); ``norm``: the other normalisations and softmax; ``reduce``: sums,
+#: passes, per-channel loops); ``norm``: the other normalisations and softmax backwards; ``reduce``: sums,
 #: means and extrema (one pass, a small output); ``view``: ops that allocate nothing, whose
 #: time is the dispatch alone; ``fft``: discrete Fourier transforms (log n passes over their
 #: data, a per-element cost of their own); ``random``: random draws (dropout's Bernoulli mask),
@@ -28,7 +28,7 @@ from hiremate.graphbuilder.opinfo import op_kind, schema_name
 #: of :data:`CALIBRATED_ELEMENTWISE`, each a class of its own, and ``transcendental``, the other
 #: elementwise ops that evaluate an exponential, logarithm, trigonometric or error function per
 #: element: compute-bound on a CPU, where ``memory`` ops are not, and far apart from one another
-#: (one thread here: tanh about 2 ns per element, exp 0.6, GELU 0.2, an addition 0.09)
+#: (docs/benchmarks.md, "Activations, softmaxes and random draws priced")
 CALIBRATED_ELEMENTWISE = ("tanh", "exp", "sigmoid", "erf", "gelu", "gelu_backward", "silu",
                           "silu_backward", "_softmax", "_safe_softmax")
 OP_CLASSES = ("matmul", "conv", "conv_backward", "conv_pointwise", "conv_pointwise_backward",

@@ -262,9 +262,9 @@ _FREE = {"view": (0,), "reduce": (0, 2)}
 
 #: classes whose per-element rates are fitted on top of the ``memory`` class's fixed cost: an
 #: activation, a softmax or a random draw is an elementwise op like any other below a few
-#: thousand elements, and timed inside the calibration programs a small one reads 10-60 us of
-#: cold start that a model's step does not pay (tanh on 1,024 elements: 4.7 us alone, 18-22 us
-#: in place), which a free intercept would charge to every such op
+#: thousand elements, and timed inside the calibration programs a small one reads several
+#: times its own cost in cold start that a model's step does not pay, which a free intercept
+#: would charge to every such op (docs/benchmarks.md)
 _ELEMENTWISE_RATES = ("random", "transcendental", *CALIBRATED_ELEMENTWISE)
 
 
