@@ -20,10 +20,10 @@ from hiremate.graphbuilder.opinfo import op_kind, schema_name
 #: ``conv_pointwise``: 1x1 convolutions with unit stride, no padding and one group, which run
 #: as one matrix product (no unfolding, no per-group loop), so their fixed cost is far below
 #: a general convolution's; ``batch_norm``: batch statistics and their backward (several
-#: passes, per-channel loops); ``norm``: the other normalisations and softmax backwards; ``reduce``: sums,
-#: means and extrema (one pass, a small output); ``view``: ops that allocate nothing, whose
-#: time is the dispatch alone; ``fft``: discrete Fourier transforms (log n passes over their
-#: data, a per-element cost of their own); ``random``: random draws (dropout's Bernoulli mask),
+#: passes, per-channel loops); ``norm``: the other normalisations and softmax backwards;
+#: ``reduce``: sums, means and extrema (one pass, a small output); ``view``: ops that allocate
+#: nothing, whose time is the dispatch alone; ``fft``: discrete Fourier transforms (log n passes
+#: over their data, a per-element cost of their own); ``random``: random draws (dropout's mask),
 #: whose generator costs per element far more than a copy does; the activations and softmaxes
 #: of :data:`CALIBRATED_ELEMENTWISE`, each a class of its own, and ``transcendental``, the other
 #: elementwise ops that evaluate an exponential, logarithm, trigonometric or error function per
