@@ -83,3 +83,44 @@ def test_deleted_output_gradient_still_counts_until_backward_returns() -> None:
     measured = hiremate.measure(remat, x, loss_fn=zoo.output_loss, repeats=1, warmup=0).peak
     assert predicted <= measured <= predicted + 16, (
         f"measured {measured} B, predicted {predicted} B (simulator alone: {remat.predicted.peak} B)")
+
+
+def test_a_recomputed_model_output_does_not_keep_a_second_copy() -> None:
+    """The caller holds the model's outputs from the forward on, so a schedule that computes
+    an output again (a block's forward rerun in the backward) must not keep the new copy
+    beside the caller's: the simulator counts the two copies only while the step runs. While
+    the executor kept it, GPT2 at its memory floor measured a logits-sized tensor (16 MiB,
+    1.25x its budget) above its prediction."""
+    import torch
+    from torch import nn
+
+    from hiremate import zoo
+    from hiremate.ir.graph import DataKind
+    from hiremate.ir.schedule import Compute
+    from hiremate.ir.simulator import step_peak, simulate
+    from hiremate.runtime.measurement import loss_memory
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4096), nn.ReLU(),
+                          nn.Linear(4096, 256))
+    x = torch.randn(64, 32)
+    graph = hiremate.build_graph(model, (x,), cost_model="flops")
+    autodiff = hiremate.autodiff_schedule(graph)
+    out = graph.outputs[0]
+    producer = graph.data[out].producer
+    cut = next(i for i, s in enumerate(autodiff) if isinstance(s, Compute) and s.node == graph.loss)
+    schedule = autodiff[:cut + 1] + (Compute(producer),) + autodiff[cut + 1:]
+    assert simulate(graph, schedule).valid
+    remat = RematModule(model, graph, schedule)
+    tangent = next(d for d in graph.data if d.kind is DataKind.TANGENT)
+    loss_bytes = loss_memory(model, (x,), zoo.output_loss, tangent.size)
+    predicted = step_peak(graph, remat.schedule, loss_bytes)
+    measured = hiremate.measure(remat, x, loss_fn=zoo.output_loss, repeats=1, warmup=0).peak
+    assert measured <= predicted + 16, f"measured {measured} B, predicted {predicted} B"
+    grads = []
+    for module in (model, remat):  # the step still gives eager's output and gradients
+        module.zero_grad(set_to_none=True)
+        y = module(x)
+        zoo.output_loss(y).backward()
+        grads.append([y.detach()] + [p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

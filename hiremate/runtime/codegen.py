@@ -113,6 +113,9 @@ class _Emitter:
             for a in d.aliases:
                 self.owner[a] = d.id
         self.node_names = [{op.out for op in n.ops} for n in graph.nodes]
+        #: names of the model's outputs (and their views): the caller holds them from the forward
+        self.caller_held = {n for d in graph.outputs
+                            for n in (graph.data[d].name, *graph.data[d].aliases)}
 
     # -- identifiers and constants -----------------------------------------------------------
     def ident(self, name: str) -> str:
@@ -223,10 +226,20 @@ class _Emitter:
             self.lines.append(f"    _rng_save(C, {rng})" if first
                               else f"    _tok = _rng_replay(C, {rng})")
         for i, op in enumerate(node.ops):
-            self.lines.append("    " + self.op_line(op, node, recompute=not first))
-            local.add(op.out)
-            self.bound.add(op.out)
-            self.inherited.discard(op.out)
+            # a model output made again while the caller holds its first copy: the new copy
+            # is dropped at once and the first one read from here on (the same value; a
+            # rebinding would leave both allocated to the end of the step, where the
+            # simulator counts two copies only while the step runs)
+            again = (not first and op.out in self.caller_held
+                     and (op.out in self.bound or op.out in self.inherited))
+            line = self.op_line(op, node, recompute=not first, out="_again" if again else None)
+            self.lines.append("    " + line)
+            if again:
+                self.lines.append("    del _again")
+            else:
+                local.add(op.out)
+                self.bound.add(op.out)
+                self.inherited.discard(op.out)
             dead = [r for r in dict.fromkeys([*op.refs(), op.out])
                     if r in local and r not in keep and last_use.get(r, -1) <= i]
             if dead:
@@ -240,8 +253,8 @@ class _Emitter:
             if self.runs_left[node.id] == 1:  # the last replay: its saved state is not needed
                 self.lines.append(f"    _rng_release(C, {rng})")
 
-    def op_line(self, op: Op, node: ComputeNode, recompute: bool) -> str:
-        out = self.ident(op.out)
+    def op_line(self, op: Op, node: ComputeNode, recompute: bool, out: str | None = None) -> str:
+        out = out or self.ident(op.out)
         if op.target == "getitem":
             base, index = op.args
             return f"{out} = {self.expr(base, node)}[{self.expr(index, node)}]"
