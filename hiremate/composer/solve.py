@@ -23,9 +23,10 @@ What runs:
 3. **Sequence path** (``sequence_top``): Rockmate's chain of ``sequence`` blocks with the
    ``sequence_top`` composers, beside the hierarchy, when the blocks are small.
 4. **Polish** (``polish``): each polishing solver (FastSA's annealing) starts from the fastest
-   candidate of each of the ``polish_from`` fastest sources; a candidate is then completed
-   with the buffer writes the executor adds (:func:`hiremate.ir.sequence.complete_effects`)
-   before it is ranked.
+   candidate of each of the ``polish_from`` fastest sources; a candidate is then rid of the
+   recomputations nothing needs (:func:`hiremate.ir.sequence.drop_unused_recomputations`)
+   and completed with the buffer writes the executor adds
+   (:func:`hiremate.ir.sequence.complete_effects`) before it is ranked.
 
 Translating back: a block operation becomes the compute steps of its option's forward or
 backward part (renamed to full-graph ids); the whole compute sequence gets its frees from
@@ -60,7 +61,7 @@ from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.ir.blocks import Candidate, TopProblem
 from hiremate.ir.graph import Graph, graph_key
 from hiremate.ir.schedule import Schedule
-from hiremate.ir.sequence import complete_effects
+from hiremate.ir.sequence import complete_effects, drop_unused_recomputations
 from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
 from hiremate.units import fmt_bytes
 
@@ -313,12 +314,14 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hier
 
 
 def _with_effects(graph: Graph, budget: int, candidates: list[Candidate]) -> list[Candidate]:
-    """Each candidate as the executor will run it (:func:`~hiremate.ir.sequence.
-    complete_effects`: skipped effect-only buffer writes added before the loss), simulated
-    again when that changed it; one that no longer fits the budget is dropped."""
+    """Each candidate without the recomputations nothing needs (:func:`~hiremate.ir.sequence.
+    drop_unused_recomputations`: a subgraph's forward rerun for one value reruns the others
+    too) and as the executor will run it (:func:`~hiremate.ir.sequence.complete_effects`:
+    skipped effect-only buffer writes added before the loss), simulated again when that
+    changed it; one that no longer fits the budget is dropped."""
     out = []
     for c in candidates:
-        sched = complete_effects(graph, c.schedule)
+        sched = complete_effects(graph, drop_unused_recomputations(graph, c.schedule))
         if sched is not c.schedule:
             sim = simulate(graph, sched)
             if not (sim.valid and sim.peak <= budget):

@@ -76,3 +76,73 @@ def complete_effects(graph: Graph, schedule: Schedule) -> Schedule:
     if not missing or loss_at is None:
         return schedule
     return steps[:loss_at] + tuple(Compute(n.id) for n in missing) + steps[loss_at:]
+
+
+def drop_unused_recomputations(graph: Graph, schedule: Schedule) -> Schedule:
+    """``schedule`` without the recomputations that nothing needs: a node run again (never its
+    first run) each of whose outputs is either still alive from an earlier run (which then
+    serves every later read) or, before any step reads it, deleted or made again. Such steps
+    come from whole subgraph forwards rerun for one of their values (a menu option's
+    sequence) and cost their time for nothing; the Deletes that freed their own copies go with
+    them, until none is left (a dropped step may have been the only reader of another). The
+    same object comes back when nothing is dropped; the caller simulates the result (it is
+    valid whenever the input was, and no step of it holds more memory)."""
+    out = schedule
+    while True:
+        shorter = _drop_once(graph, out)
+        if shorter is out:
+            return out
+        out = shorter
+
+
+def _drop_once(graph: Graph, schedule: Schedule) -> Schedule:
+    """One forward pass of :func:`drop_unused_recomputations`."""
+    steps = tuple(schedule)
+    alive: set[int] = set()
+    seen: set[int] = set()
+    dropped: set[int] = set()
+    for i, step in enumerate(steps):
+        if i in dropped:
+            continue
+        if isinstance(step, Delete):
+            alive.discard(step.data)
+            continue
+        node = graph.nodes[step.node]
+        if step.node in seen and node.outputs and step.node != graph.loss:
+            frees = _frees_if_unneeded(graph, steps, i, node.outputs, alive, dropped)
+            if frees is not None:
+                dropped.add(i)
+                dropped.update(frees)
+                continue
+        seen.add(step.node)
+        alive.update(node.outputs)
+    if not dropped:
+        return schedule
+    return tuple(s for i, s in enumerate(steps) if i not in dropped)
+
+
+def _frees_if_unneeded(graph: Graph, steps: tuple, at: int, outputs: Sequence[int],
+                       alive: set[int], dropped: set[int]) -> list[int] | None:
+    """For the Compute at ``at``: the Deletes of its own copies to drop with it when none of
+    its ``outputs`` is needed (see :func:`drop_unused_recomputations`), else None."""
+    frees: list[int] = []
+    for d in outputs:
+        if d in alive:  # the earlier copy serves the reads; its Delete stays
+            continue
+        for j in range(at + 1, len(steps)):
+            if j in dropped:
+                continue
+            step = steps[j]
+            if isinstance(step, Delete):
+                if step.data == d:
+                    frees.append(j)
+                    break
+                continue
+            other = graph.nodes[step.node]
+            if d in other.inputs:
+                return None
+            if d in other.outputs:
+                break
+        else:  # this copy is the one alive at the end
+            return None
+    return frees
