@@ -120,8 +120,9 @@ def op_class(node: torch.fx.Node) -> str | None:
         return "conv_pointwise" if _pointwise(node, 1, 3) else "conv"
     if name == "aten::convolution_backward":
         return "conv_pointwise_backward" if _pointwise(node, 2, 4) else "conv_backward"
+    # an in-place variant (``bernoulli_``) costs what the op does
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
-    if base in _RANDOM:  # an in-place variant costs what the op does
+    if base in _RANDOM:
         return "random"
     if base in _TRANSCENDENTAL:
         short = base.removeprefix("aten::")
