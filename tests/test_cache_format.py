@@ -248,3 +248,22 @@ def test_no_pickle_reads_files_in_the_library():
                    for p in (root / top).rglob("*.py")
                    if "import pickle" in p.read_text(encoding="utf-8"))
     assert users == ["solvers/hilp/backends.py"]
+
+
+def test_entries_of_other_solver_code_are_misses(tmp_path, monkeypatch):
+    """A menu or schedule cached by other solver code (an upgrade, an edited solver) is not
+    reused: the key holds a digest of the solving packages' source, so the entry is a miss,
+    and the same code finds its own entries again."""
+    g = residual_chain(4)
+    first = solve_graph(g, 0.6, hier(tmp_path))
+    again = solve_graph(g, 0.6, hier(tmp_path))
+    assert again.report["cached"] and again.schedule == first.schedule
+    revision = mc.solving_code_revision()
+    assert len(revision) == 16 and revision == mc.solving_code_revision()
+    monkeypatch.setattr(mc, "solving_code_revision", lambda: "other-solver-code")
+    other = solve_graph(g, 0.6, hier(tmp_path))
+    # only the hits a cold solve has (identical subgraphs within it) remain
+    assert not other.report["cached"]
+    assert (other.report["cache_hits"], other.report["cache_misses"]) == \
+        (first.report["cache_hits"], first.report["cache_misses"])
+    assert other.schedule == first.schedule

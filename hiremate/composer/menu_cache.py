@@ -19,7 +19,9 @@ a key being looked up is reported and removed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 import logging
 import numbers
@@ -40,7 +42,31 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 3
 FORMAT = "hiremate-cache"
 _LEGACY_VERSION = 2
+#: the subpackages whose code decides a menu or a schedule (the graph's own key covers capture)
+_SOLVING_PACKAGES = ("hiremate.ir", "hiremate.composer", "hiremate.partition", "hiremate.solvers")
 
+
+@functools.lru_cache(maxsize=1)
+def solving_code_revision() -> str:
+    """A digest of the source of :data:`_SOLVING_PACKAGES`, part of every key.
+
+    A menu or a schedule cached by other solver code would stay valid but could be worse
+    than what this code finds (or, after a change of the options' meaning, wrong), and a
+    version number is not bumped at every change; the digest is, so upgrading hiremate or
+    editing a solver makes the old entries misses. Without readable sources (a frozen
+    install), the package version stands in."""
+    digest = hashlib.sha256()
+    for package in _SOLVING_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        roots = [Path(r) for r in spec.submodule_search_locations or []] if spec else []
+        files = [(root, path) for root in roots for path in sorted(root.rglob("*.py"))]
+        if not files:
+            from hiremate import __version__
+            return f"version-{__version__}"
+        for root, path in files:
+            digest.update(f"{package}/{path.relative_to(root).as_posix()}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 
@@ -57,7 +83,10 @@ class MenuCache:
 
     @staticmethod
     def key_text(key: Any, version: int = CACHE_VERSION) -> str:
-        return json.dumps({"v": version, "key": key}, sort_keys=True, default=str)
+        if version == _LEGACY_VERSION:
+            return json.dumps({"v": version, "key": key}, sort_keys=True, default=str)
+        return json.dumps({"v": version, "code": solving_code_revision(), "key": key},
+                          sort_keys=True, default=str)
 
     def path(self, key: Any) -> Path:
         digest = hashlib.sha256(self.key_text(key).encode()).hexdigest()
