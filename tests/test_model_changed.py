@@ -183,3 +183,42 @@ def test_a_setting_assigned_in_place_is_noticed(x, setting):
     assert torch.equal(out, expected) and wrapped.rebuilds == 1
     assert_grads_match(wrapped, eager)
     assert torch.equal(model.norm.running_mean, eager.norm.running_mean)
+
+
+class _SlicingStack(nn.Module):
+    """A forward that registers modules at every call, as Hugging Face's Llama does when it
+    slices its ``ModuleList`` of layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers[:2]:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def test_watching_a_model_does_not_make_other_compiled_models_recompile(x):
+    """Once a wrapper watches a model, torch's registration hooks run for every module in the
+    process. A compiled model whose forward registers modules must still compile once: were
+    the hooks' counter traced, each call would recompile, and torch would soon fall back to
+    eager (measured on the decision table's Llama: torch.compile's memory budget then did
+    nothing)."""
+    import torch._dynamo
+
+    HRockmate(_net(), x, 1.0, cache=False, calibrate=0)  # installs the hooks
+    assert structure._installed
+    other, sample = _SlicingStack(), torch.randn(2, 4)
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    try:
+        compiled = torch.compile(other, backend="eager")
+        for _ in range(4):
+            compiled(sample).sum().backward()
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
+    finally:
+        torch._dynamo.reset()
+    before = structure.generation()
+    other(sample)  # eager registrations are still counted
+    assert structure.generation() > before

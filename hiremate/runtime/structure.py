@@ -39,7 +39,16 @@ _installed = False
 
 
 def _bump(*_args: Any) -> None:
+    """The registration hooks' body. Not while torch.compile traces: a forward that registers
+    a module at every call (Hugging Face's Llama slices its ``ModuleList`` of layers) would
+    otherwise make the compiled code guard on this counter and write it back, so that every
+    call of any compiled model in the process recompiles it, until torch gives up compiling
+    and runs it eagerly. What a compiled graph registers while it is traced is not a change
+    of a model we watch (a temporary container), and the compiled code does not register
+    it again when it runs."""
     global _generation
+    if torch.compiler.is_compiling():
+        return
     _generation += 1
 
 
