@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from hiremate import measure, zoo
+from hiremate.errors import SolverError
 from hiremate.sweep.methods import (
     CheckpointedBlock,
     NotApplicable,
@@ -130,9 +131,23 @@ def test_compile_records_its_budget_and_backend():
     model, x = zoo.get("mlp", layers=1, width=16)
     result = run_compile(model, x, spec, 0.5)
     assert result.extra == {"compile_backend": "aot_eager_decomp_partition",
-                            "activation_memory_budget": 0.5}
+                            "activation_memory_budget": 0.5, "compiled_graphs": 1,
+                            "recompiled_graphs": 0}
     assert result.solve_time > 0 and result.measurement.peak > 0
     # the restored functorch config: the patch does not leak out of the cell
     import torch._functorch.config as functorch_config
 
     assert functorch_config.activation_memory_budget == 1.0
+
+
+def test_a_compile_that_compiles_nothing_is_not_reported_as_compile(monkeypatch):
+    """A model that dynamo runs eagerly (here: told to skip its forward) measures as eager
+    PyTorch; the cell must fail saying so, not stand in the table as compile's result."""
+    import torch._dynamo
+
+    spec = parse_spec({"models": ["mlp"], "budgets": [0.5], "methods": ["compile"],
+                       "repeats": 1, "warmup": 0})
+    model, x = zoo.get("mlp", layers=1, width=16)
+    monkeypatch.setattr(model, "forward", torch._dynamo.disable(model.forward))
+    with pytest.raises(SolverError, match="compiled no graph"):
+        run_compile(model, x, spec, 0.5)

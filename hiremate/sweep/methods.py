@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hiremate.errors import ConfigError
+from hiremate.errors import ConfigError, SolverError
 from hiremate.runtime.measurement import Measurement, measure
 from hiremate.sweep.spec import PEERS, SweepSpec, preset_of
 from hiremate.zoo import output_loss, split_sample
@@ -268,18 +268,37 @@ def run_compile(model: nn.Module, sample: Any, spec: SweepSpec, fraction: float,
         with functorch_config.patch(activation_memory_budget=fraction):
             compiled = torch.compile(model, backend=backend)
             args, kwargs = split_sample(sample)
+            graphs = _compiled_graphs()
             start = time.perf_counter()
             with torch.enable_grad():
                 output_loss(compiled(*args, **kwargs)).backward()
             compile_time = time.perf_counter() - start
+            first = _compiled_graphs() - graphs
+            if first == 0:
+                raise SolverError(
+                    "torch.compile compiled no graph of the model (dynamo ran it eagerly), so "
+                    "this cell would measure eager PyTorch as compile's; run with "
+                    "TORCH_LOGS=recompiles,graph_breaks to see why")
             model.zero_grad(set_to_none=True)
             m = measure_sample(compiled, sample, spec)
             paired = _paired(compiled, twin, sample, spec)
+            again = _compiled_graphs() - graphs - first
     finally:
         torch._dynamo.reset()
+    if again:  # the timed calls compiled too: their time is not compile's steady state
+        log.warning("torch.compile recompiled the model %d time(s) after its first step; "
+                    "the cell's times include compilation", again)
     return MethodResult(measurement=m, solve_time=compile_time, setup_time=compile_time,
                         extra={"compile_backend": backend, "activation_memory_budget": fraction,
+                               "compiled_graphs": first, "recompiled_graphs": again,
                                **paired})
+
+
+def _compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process (its counter survives ``reset``)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def run_hiremate(model: nn.Module, sample: Any, spec: SweepSpec, method: str,
