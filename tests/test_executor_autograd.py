@@ -219,3 +219,35 @@ def test_in_place_change_before_backward_raises_as_eager() -> None:
         with pytest.raises(RuntimeError, match="modified") as info:
             loss.backward()
         assert isinstance(info.value, ModifiedInPlaceError) == (m is remat)
+
+
+def test_torch_compile_around_a_wrapper_leaves_its_schedule_alone() -> None:
+    """A user who compiles a wrapper (or a model holding one) gets the schedule run as it was
+    solved: the compiler sees none of the model's ops, whose frees and reruns keep the step
+    within its budget, and the step's outputs and gradients are eager's."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+                                  for _ in range(4)]).double()
+    x = torch.randn(8, 16, dtype=torch.float64)
+    wrapper = hiremate.HRockmate(model, x, 0.5, cache=False, calibrate=0)
+    seen: list[str] = []
+
+    def recording(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(wrapper, backend=recording)(x)
+        out.square().sum().backward()
+    finally:
+        torch._dynamo.reset()
+    assert not [t for t in seen if "linear" in t or "gelu" in t]
+    twin = copy.deepcopy(model)
+    expected = twin(x)
+    expected.square().sum().backward()
+    assert torch.equal(out, expected)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(p.grad, q.grad), name

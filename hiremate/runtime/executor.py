@@ -50,6 +50,20 @@ from hiremate.ir.sequence import complete_effects
 log = logging.getLogger(__name__)
 
 
+_UNTRACED: list = []
+
+
+def _untraced_call() -> Any:
+    """``RematModule._run_call`` hidden from torch.compile: compiling a wrapper (or a model
+    holding one) runs the schedule as it is, since its frees and reruns are what keep the step
+    within its budget and a compiler free to fuse, reorder or deduplicate them would not keep
+    them. Made once, by the first module built (outside any trace; capture has imported
+    torch's compiler by then, which a plain ``import hiremate`` does not do, for a second)."""
+    if not _UNTRACED:
+        _UNTRACED.append(torch.compiler.disable(RematModule._run_call))
+    return _UNTRACED[0]
+
+
 class RematModule(torch.nn.Module):
     """Run ``schedule`` (a valid schedule of ``graph``, the CD-graph of ``model``) as a module.
 
@@ -74,6 +88,7 @@ class RematModule(torch.nn.Module):
                  = "raise", max_others: int | None = None,
                  on_output_gradient: Callable[..., list] | None = None):
         super().__init__()
+        _untraced_call()  # made here, outside any trace
         if on_mismatch != "raise" and not callable(on_mismatch):
             raise ConfigError(f"on_mismatch must be 'raise' or a callable, got {on_mismatch!r}")
         if max_others is not None and (isinstance(max_others, bool) or
@@ -235,6 +250,9 @@ class RematModule(torch.nn.Module):
         return self._call(args, kwargs, flat=True)
 
     def _call(self, args: tuple, kwargs: dict, flat: bool) -> Any:
+        return _untraced_call()(self, args, kwargs, flat)
+
+    def _run_call(self, args: tuple, kwargs: dict, flat: bool) -> Any:
         change = self.model_change()
         if change is not None:
             raise ModelChangedError(
