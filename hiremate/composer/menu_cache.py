@@ -69,7 +69,6 @@ def solving_code_revision() -> str:
     return digest.hexdigest()[:16]
 
 
-
 class MenuCache:
     """``get(key)`` / ``put(key, value)`` for JSON-able keys and values; ``enabled=False``
     does nothing. ``get(key, decode)`` passes the stored value through ``decode``, which
