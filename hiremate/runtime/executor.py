@@ -18,6 +18,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from typing import Any, Callable
@@ -50,18 +51,14 @@ from hiremate.ir.sequence import complete_effects
 log = logging.getLogger(__name__)
 
 
-_UNTRACED: list = []
-
-
+@functools.cache
 def _untraced_call() -> Any:
     """``RematModule._run_call`` hidden from torch.compile: compiling a wrapper (or a model
     holding one) runs the schedule as it is, since its frees and reruns are what keep the step
     within its budget and a compiler free to fuse, reorder or deduplicate them would not keep
     them. Made once, by the first module built (outside any trace; capture has imported
     torch's compiler by then, which a plain ``import hiremate`` does not do, for a second)."""
-    if not _UNTRACED:
-        _UNTRACED.append(torch.compiler.disable(RematModule._run_call))
-    return _UNTRACED[0]
+    return torch.compiler.disable(RematModule._run_call)
 
 
 class RematModule(torch.nn.Module):
