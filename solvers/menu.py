@@ -105,17 +105,68 @@ def part_of(budgets: Iterable[tuple[int, int]], part: int) -> list[tuple[int, in
     return [b for b in budgets if int(b[0]) == peak]
 
 
-def solve_menu(solver, graph: Graph, budgets: Iterable) -> list[Option]:
-    """Solve ``graph`` for each budget (an int peak, or a ``(peak, save)`` pair); return the
-    Pareto front of the options found. Infeasible budgets are skipped."""
-    budgets = list(budgets)
-    options: list[Option] = []
+def loosest_first(budgets: Sequence) -> list[int]:
+    """Indices of ``budgets`` (int peaks or ``(peak, save)`` pairs) in the order to solve
+    them: peaks in their given order, the saves of one peak loosest first (no save bound
+    before any), so that a budget proved infeasible settles the tighter ones after it
+    (:class:`InfeasibleBudgets`) without their MILPs. A result never depends on this order:
+    the options are gathered back in the given order."""
+    first_seen: dict[int, int] = {}
     for b in budgets:
-        peak, save = (b, None) if isinstance(b, (int, np.integer)) else (int(b[0]), b[1])
+        first_seen.setdefault(_peak_save(b)[0], len(first_seen))
+
+    def key(i: int) -> tuple:
+        peak, save = _peak_save(budgets[i])
+        return (first_seen[peak], save is not None, -(save or 0), i)
+
+    return sorted(range(len(budgets)), key=key)
+
+
+def _peak_save(b) -> tuple[int, int | None]:
+    if isinstance(b, (int, np.integer)):
+        return int(b), None
+    return int(b[0]), None if b[1] is None else int(b[1])
+
+
+class InfeasibleBudgets:
+    """Budgets a solver proved infeasible, to skip the budgets they dominate.
+
+    Why it is sound: a schedule within peak ``p`` and save ``s`` is within any looser pair,
+    so where no schedule meets ``(p2, s2)`` none meets ``(p, s)`` with ``p <= p2`` and
+    ``s <= s2`` (no save bound counts as the loosest). Only a proof may be recorded (an exact
+    MILP's infeasible status), never a heuristic that found nothing or a time-out. A MILP
+    proving infeasibility near a subgraph's floor is among the slowest a menu solves."""
+
+    def __init__(self) -> None:
+        self._proved: list[tuple[int, int | None]] = []
+
+    def add(self, peak: int, save: int | None) -> None:
+        self._proved.append((int(peak), None if save is None else int(save)))
+
+    def settles(self, peak: int, save: int | None) -> bool:
+        """Whether a recorded proof shows ``(peak, save)`` infeasible too."""
+        return any(peak <= p2 and (s2 is None or (save is not None and save <= s2))
+                   for p2, s2 in self._proved)
+
+
+def solve_menu(solver, graph: Graph, budgets: Iterable, exact: bool = False) -> list[Option]:
+    """Solve ``graph`` for each budget (an int peak, or a ``(peak, save)`` pair); return the
+    Pareto front of the options found. Infeasible budgets are skipped. ``exact``: the
+    solver's :class:`InfeasibleBudgetError` is a proof (an exact MILP), so a budget it
+    dominates is not solved (:class:`InfeasibleBudgets`)."""
+    budgets = list(budgets)
+    found: dict[int, Option] = {}
+    proved = InfeasibleBudgets()
+    for i in loosest_first(budgets) if exact else range(len(budgets)):
+        peak, save = _peak_save(budgets[i])
+        if exact and proved.settles(peak, save):
+            log.debug("menu: budget (%s, %s) infeasible (a looser one is)", peak, save)
+            continue
         try:
-            result = solver.solve(graph, int(peak), None if save is None else int(save))
+            result = solver.solve(graph, int(peak), save)
         except InfeasibleBudgetError:
             log.debug("menu: budget (%s, %s) infeasible", peak, save)
+            proved.add(peak, save)
             continue
         except SolverError as exc:
             # a time-out on one budget leaves the menu without that option, like an infeasible
@@ -124,7 +175,8 @@ def solve_menu(solver, graph: Graph, budgets: Iterable) -> list[Option]:
                 raise
             log.warning("menu: budget (%s, %s) skipped: %s", peak, save, exc)
             continue
-        options.append(option_from_schedule(graph, result.schedule, solver.name))
+        found[i] = option_from_schedule(graph, result.schedule, solver.name)
+    options = [found[i] for i in sorted(found)]
     if not options:
         raise InfeasibleBudgetError(
             f"{solver.name}: none of the {len(budgets)} menu budgets is feasible; widen the "

@@ -440,7 +440,10 @@ def test_a_complex_parameter_is_captured_and_rescheduled_exactly():
     graph = hiremate.build_graph(model, sample, cost_model="flops")
     assert any(d.dtype == "complex128" for d in graph.data)
     _assert_same_training_step(model, sample, graph=graph)
-    low = solve_graph(graph, 0.7, "hiremate", cache=False, calibrate=0, n_jobs=1)
+    # smaller menus and no whole-graph MILP (half a minute here): the schedule is what is
+    # checked, not how fast it is
+    low = solve_graph(graph, 0.7, "hiremate", cache=False, calibrate=0, n_jobs=1, menu_peaks=3,
+                      menu_saves=1, flat=["twremat", "fastsa"])
     assert low.report["relative_time"] > 1  # a schedule that recomputes
     model.zero_grad(set_to_none=True)
     _assert_same_training_step(model, sample, schedule=low.schedule, graph=graph)

@@ -431,10 +431,11 @@ class HilpSolver:
         return self.solve(graph, budget).schedule
 
     def menu(self, graph: Graph, budgets) -> list[Option]:
-        """Pareto-optimal options over ``budgets``: ints (peak) or (peak, save) pairs."""
+        """Pareto-optimal options over ``budgets``: ints (peak) or (peak, save) pairs (an
+        infeasible status is a proof, so budgets it dominates are not solved)."""
         from hiremate.solvers.menu import solve_menu
 
-        return solve_menu(self, graph, budgets)
+        return solve_menu(self, graph, budgets, exact=True)
 
 
 class CheckmateSolver(HilpSolver):

@@ -235,9 +235,8 @@ class HilpTop:
         whole grid's."""
         from hiremate.errors import InfeasibleBudgetError
         from hiremate.ir.option import pareto_front
-        from hiremate.solvers.menu import option_from_schedule
-
         from hiremate.ir.sequence import sequence_to_schedule
+        from hiremate.solvers.menu import InfeasibleBudgets, loosest_first, option_from_schedule
 
         # one MILP per budget: a menu needs schedules spread over the budgets, not one that
         # meets each exactly, so there are no retries (the MILP's memory bounds the simulated
@@ -251,18 +250,28 @@ class HilpTop:
         # meets can be infeasible for the MILP; such a budget falls back to the save bound
         # alone, then to the peak alone, so that options trading save for time still come
         loose = 2 * ceiling
-        options = []
+        found: dict[int, Option] = {}
         tried: set[tuple] = set()
-        for peak, save in budgets:
+        # every MILP here has one memory scale, so a budget proved infeasible settles the
+        # tighter ones: the saves of a peak are solved loosest first, the options kept in order
+        proved = InfeasibleBudgets()
+        for i in loosest_first(budgets):
+            peak, save = budgets[i]
             sol = None
             for p_try, s_try in ((int(peak), save), (loose, save), (int(peak), None)):
                 key = (p_try, None if s_try is None else int(s_try))
                 if key in tried:
                     continue
                 tried.add(key)
+                if proved.settles(*key):
+                    sol = None
+                    log.debug("hilp-top menu: budget %s: infeasible (a looser one is)", key)
+                    continue
                 sol = self.solve_at(problem, top, p_try, mem_unit=unit, save_budget=key[1])
                 if sol.sim is not None:
                     break
+                if sol.status == "infeasible":
+                    proved.add(*key)
                 log.debug("hilp-top menu: budget %s: %s", key, sol.status)
             if sol is None or sol.sim is None:
                 continue
@@ -270,7 +279,8 @@ class HilpTop:
                 raise SolverError(f"hilp-top produced an invalid schedule (a bug): "
                                   f"{sol.sim.error}")
             sched = sequence_to_schedule(problem.graph, sol.sequence)
-            options.append(option_from_schedule(problem.graph, sched, self.name))
+            found[i] = option_from_schedule(problem.graph, sched, self.name)
+        options = [found[i] for i in sorted(found)]
         if not options:
             raise InfeasibleBudgetError(
                 f"{self.name}: none of the {len(budgets)} menu budgets is feasible; widen the "
