@@ -70,7 +70,7 @@ def test_paper_gpu_phases_round_trip_through_the_cache(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "bench" / "paper_gpu.py"
     common = ["--out", str(tmp_path), "--device", "cpu", "--scale", "unet=8,2",
-              "--set", "polish=[]"]
+              "--set", "polish=[]", "--set", "menu_peaks=3", "--set", "menu_saves=1"]
     for phase, extra in (("capture", ["--cost", "flops", "--rounds", "1"]), ("solve", []),
                          ("execute", ["--rounds", "1"])):
         # the model's name before the options, and after them (as bench/paper_gpu_all.sh has it)
