@@ -40,7 +40,7 @@ def _counting(monkeypatch, cls, method):
     real = getattr(cls, method)
 
     def counted(self, *args, **kwargs):
-        calls.append(args[1:3])
+        calls.append(args)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(cls, method, counted)

@@ -263,8 +263,7 @@ class HilpTop:
                 if key in tried:
                     continue
                 tried.add(key)
-                if proved.settles(*key):
-                    sol = None
+                if proved.settles(*key):  # sol stays the last try's, which had no schedule
                     log.debug("hilp-top menu: budget %s: infeasible (a looser one is)", key)
                     continue
                 sol = self.solve_at(problem, top, p_try, mem_unit=unit, save_budget=key[1])
