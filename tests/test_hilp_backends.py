@@ -9,6 +9,7 @@ schedule is replayed on the full graph).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -150,3 +151,31 @@ def test_a_batch_of_problems_solves_as_each_alone_in_this_process_and_in_a_fresh
         assert a.status == b.status == c.status
         assert a.objective == pytest.approx(b.objective) and b.objective == pytest.approx(
             c.objective)
+
+
+# -- HiGHS's objective scale --------------------------------------------------------------------
+def test_objective_scale_makes_a_typical_cost_one():
+    assert backends.objective_scale(np.array([0.0, 2e-5, 6e-5, 0.0])) == pytest.approx(1 / 4e-5)
+    assert backends.objective_scale(np.zeros(3)) == 1.0  # nothing to scale
+    assert backends.objective_scale(np.array([1.0, np.inf])) == 1.0
+
+
+@pytest.mark.parametrize("seed", [1, 4, 8])
+def test_highs_solves_the_scaled_objective_to_the_unscaled_optimum(monkeypatch, seed):
+    """HiGHS sees the costs scaled to about 1 (:func:`objective_scale`) and reports the result in
+    the model's own unit, with the stopping rule of the unscaled model (the relative gap and an
+    absolute gap of ``HIGHS_ABS_GAP`` in the model's unit): the same optimum as solving the
+    unscaled costs, an objective equal to ``c @ x`` and a bound below it."""
+    g = random_graph(seed, 10, max_fanin=2)
+    milp = build_model(g, int(simulate(g, autodiff_schedule(g)).peak * 0.8)).milp
+    milp = replace(milp, c=milp.c * 1e-4)  # op times of a tenth of a millisecond, in seconds
+    assert backends.objective_scale(milp.c) > 1e3
+    scaled = backends.solve_milp(milp, "highs", mip_gap=1e-9)
+    assert scaled.status == "optimal"
+    assert scaled.objective == pytest.approx(float(milp.c @ scaled.x), rel=1e-9)
+    assert scaled.bound <= scaled.objective * (1 + 1e-9)
+    monkeypatch.setattr(backends, "objective_scale", lambda c: 1.0)
+    plain = backends.solve_milp(milp, "highs", mip_gap=1e-9)
+    assert plain.status == "optimal"
+    gap = backends.HIGHS_ABS_GAP
+    assert abs(scaled.objective - plain.objective) <= gap + 1e-9 * plain.objective

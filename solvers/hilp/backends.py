@@ -269,6 +269,24 @@ def _new_highs():
 
 #: LP relaxations with more columns than this are solved by HiGHS's interior point method
 LARGE_LP_COLUMNS = 100_000
+#: HiGHS's absolute MIP gap, in the model's own objective unit (HiGHS's default, which the
+#: solves relied on before the objective was scaled: it is scaled with the objective, so that
+#: a solve stops where it stopped unscaled)
+HIGHS_ABS_GAP = 1e-6
+
+
+def objective_scale(c: np.ndarray) -> float:
+    """The factor HiGHS's objective is multiplied by: one over the mean magnitude of the
+    nonzero costs, so that a typical cost is 1. Why: the H-ILP objectives are in seconds, most
+    ops take a small fraction of a millisecond, and HiGHS's absolute tolerances (its dual
+    feasibility tolerance) then blur the reduced costs that decide its branching and bounds;
+    it warns of such "excessively small costs". Scaled, the same model is solved to the same optimum with
+    better-conditioned LPs (docs/results.md, stop 50, has the times)."""
+    nonzero = np.abs(np.asarray(c, dtype=float))
+    nonzero = nonzero[nonzero > 0]
+    if not nonzero.size or not np.all(np.isfinite(nonzero)):
+        return 1.0
+    return float(1.0 / nonzero.mean())
 
 
 def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResult:
@@ -277,10 +295,11 @@ def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResu
     import highspy
 
     A = milp.A.tocsc()
+    scale = objective_scale(milp.c)
     lp = highspy.HighsLp()
     lp.num_col_ = A.shape[1]
     lp.num_row_ = A.shape[0]
-    lp.col_cost_ = milp.c
+    lp.col_cost_ = milp.c * scale
     lp.col_lower_ = milp.col_lo
     lp.col_upper_ = milp.col_hi
     lp.row_lower_ = np.where(np.isinf(milp.row_lo), -highspy.kHighsInf, milp.row_lo)
@@ -297,6 +316,7 @@ def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResu
     h = _new_highs()
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
+    h.setOptionValue("mip_abs_gap", HIGHS_ABS_GAP * scale)
     # below hilp_model.MEM_MARGIN (1e-6 of the unit), as the memory rows assume; HiGHS's
     # default (1e-6) let a schedule a byte over a 1 TiB budget through
     h.setOptionValue("mip_feasibility_tolerance", 1e-7)
@@ -343,8 +363,8 @@ def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResu
         raise SolverError(f"HiGHS stopped with status {h.modelStatusToString(ms)}")
     if status in ("infeasible", "unknown"):
         x = None
-    objective = float(info.objective_function_value) if x is not None else math.inf
-    bound = objective if relax else float(getattr(info, "mip_dual_bound", -math.inf))
+    objective = float(info.objective_function_value) / scale if x is not None else math.inf
+    bound = objective if relax else float(getattr(info, "mip_dual_bound", -math.inf)) / scale
     return MilpResult(status, x, objective, bound, elapsed, "highs", limit)
 
 
