@@ -253,8 +253,8 @@ def test_hint_bounds_the_result_when_time_runs_out():
     g = random_graph(5, 30)
     budget = _budget(g, 0.4)
     plain = HilpSolver(time_limit=0.05, heuristic_hints=False, warm_start=True)
-    # a fitting hint far from the optimum: TW-Remat's fastest schedule within the budget (a
-    # MILP's hint took half a minute here, and the wall clock, not its work, stopped it)
+    # a fitting hint far from the optimum: TW-Remat's fastest schedule within the budget (the
+    # MILP this test took its hint from before was stopped by the wall clock, not by its work)
     from hiremate.solvers.twremat import TWRemat
 
     fitting = [c.schedule for c in TWRemat().candidates(g)
