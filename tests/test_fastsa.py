@@ -12,12 +12,11 @@ import hiremate
 from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.schedule import Compute
 from hiremate.solvers.fastsa import solver as fastsa
-from hiremate.solvers.fastsa.solver import (FASTSA_SOLVERS, FastSA, _needed_nodes, group_nodes,
-                                     primitive_table)
+from hiremate.solvers.fastsa.solver import FASTSA_SOLVERS, FastSA, group_nodes, primitive_table
 from hiremate.testing.segtree import AddMaxSegmentTree
-from hiremate.solvers.fastsa.state import NOP, SlotState
+from hiremate.solvers.fastsa.state import NOP, SlotState, needed_nodes
 from hiremate.ir.sequence import sequence_to_schedule
-from hiremate.testing.synthetic import chain_graph, random_graph
+from hiremate.testing.synthetic import chain_graph, graph_from_dag, random_dag, random_graph
 from test_memory_pins import fuzz_graph, simulated_slots  # module level: its @given must not nest
 
 
@@ -64,7 +63,7 @@ def test_incremental_peak_equals_simulator_under_random_mutations(seed, n, kind)
     state = _state(g, table, list(range(len(g))))
     rng = random.Random(seed)
     pool = [x for x in range(len(table)) if not table.movable_only[x]]
-    needed = _needed_nodes(table)
+    needed = needed_nodes(table)
     for _ in range(60):
         kind = rng.random()
         if kind < 0.4 and pool:
@@ -162,6 +161,20 @@ def test_schedule_meets_budget_or_raises(frac):
     assert res.valid and res.peak <= budget
     runs = [s.node for s in sched if isinstance(s, Compute) and not g.nodes[s.node].is_fwd]
     assert len(runs) == len(set(runs)) == len(g.bwd_nodes) + 1  # loss and bwd exactly once
+
+
+@pytest.mark.parametrize("seed", [199, 219])
+def test_the_budget_an_infeasible_solve_names_is_met(seed):
+    """On these DAGs the lowest peak a failed solve reaches is not met by a solve at it (the
+    search weighs memory against time by the budget), so the error must name one that is."""
+    g = graph_from_dag(random_dag(random.Random(seed), 12), [100])
+    solver = FastSA(seed=0, iters_grouped=20_000, iters_fine=10_000)
+    for frac in (0.3, 0.5):
+        with pytest.raises(InfeasibleBudgetError) as caught:
+            solver.schedule(g, int(frac * autodiff_peak(g)))
+        low = caught.value.min_budget
+        res = hiremate.simulate(g, solver.schedule(g, low))
+        assert res.valid and res.peak <= low
 
 
 def test_chain_reaches_well_below_autodiff():

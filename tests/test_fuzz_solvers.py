@@ -4,8 +4,9 @@ outputs, soft dependencies, inputs without gradient, random and buffer-writing o
 
 - ``flat``: ``schedule(graph, budget)`` returns a schedule that :func:`hiremate.simulate` accepts
   within the budget, or raises :class:`InfeasibleBudgetError` (whose ``min_budget``, when given,
-  is above the budget); a general solver never refuses a budget the store-everything schedule
-  meets, a chain solver never refuses one above its own ``min_budget``;
+  is above the budget and, but for the clock-limited ILPs, met by a solve); a general solver
+  never refuses a budget the store-everything schedule meets, a chain solver never refuses one
+  above its own ``min_budget``;
 - ``bottom``: every option of ``menu(graph, budgets)`` rebuilds (forward part, loss, backward
   part) into a valid schedule whose peak and times are the ones the option claims;
 - ``top`` (composers): the whole solve with that composer over bottom menus gives a valid
@@ -144,6 +145,9 @@ def check_flat(name: str, g, budget: int) -> str:
     except InfeasibleBudgetError as exc:
         if exc.min_budget is not None:
             assert exc.min_budget > budget, f"{name} claims {exc.min_budget} is needed: {exc}"
+            if name not in ILP:  # the advice holds: a solve at that budget fits
+                met = hiremate.simulate(g, tuple(solver.schedule(g, exc.min_budget)))
+                assert met.valid and met.peak <= exc.min_budget, name
         if name in GENERAL:
             assert budget < ad_peak, f"{name} refused {budget} >= store-all peak {ad_peak}: {exc}"
         elif hasattr(solver, "min_budget"):

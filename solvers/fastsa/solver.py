@@ -45,7 +45,7 @@ from hiremate.ir.schedule import Schedule
 from hiremate.ir.simulator import simulate
 from hiremate.ir.tracker import MemoryTracker
 from hiremate.solvers.fastsa import accel as fastsa_accel
-from hiremate.solvers.fastsa.state import NOP, NodeTable, SlotState
+from hiremate.solvers.fastsa.state import NOP, NodeTable, SlotState, proposal_sets
 from hiremate.solvers.menu import option_from_schedule
 from hiremate.ir.sequence import sequence_to_schedule
 from hiremate.units import fmt_bytes
@@ -88,50 +88,6 @@ def _data_facts(graph: Graph) -> tuple[list[int], list[bool], list[bool]]:
     kept = [d.id in keep for d in graph.data]
     source = [d.kind in SOURCE_KINDS for d in graph.data]
     return sizes, kept, source
-
-
-def _needed_nodes(table: NodeTable) -> list[bool]:
-    """Nodes that some fixed node depends on (through its inputs, transitively).
-
-    A fixed node (loss, backward, output producer) stays placed exactly once, so every node it
-    reads from keeps at least one copy before it, and so on up: the only copy of such a node is
-    never removable. Table indices follow a topological order (readers after producers).
-    """
-    producer = {d: x for x in range(len(table)) for d in table.outs[x]}
-    needed = [False] * len(table)
-    for y in range(len(table) - 1, -1, -1):
-        if table.movable_only[y] or needed[y]:
-            for d in table.ins[y]:
-                x = producer.get(d)
-                if x is not None:
-                    needed[x] = True
-    return needed
-
-
-def _proposal_sets(state: SlotState) -> tuple[list[int], list[bool], dict[int, list[int]],
-                                              list[int], list[int]]:
-    """What the annealer draws from: ``(pool, needed, slots_of, removable, placed)``.
-
-    ``pool``: nodes that may be added. Removal candidates: slots of pool nodes that have
-    another copy, or whose outputs nothing placed for good depends on. The only copy of a node
-    that a fixed node needs (through its readers) can never be removed, so leaving it out keeps
-    the removals drawn uniform among the valid ones and saves the draws that would fail.
-    ``placed``: every occupied slot but the loss's (move candidates). Pinned first copies
-    (:meth:`SlotState.pin_first_copies`) are neither removed nor moved.
-    """
-    table, seq, T = state.table, state.seq, state.T
-    fixed = table.movable_only
-    pool = [x for x in range(len(table)) if not fixed[x]]
-    needed = _needed_nodes(table)
-    slots_of: dict[int, list[int]] = {}
-    for t in range(T):
-        if seq[t] != NOP:
-            slots_of.setdefault(seq[t], []).append(t)
-    pin = state.pin
-    removable = [t for t in range(T) if seq[t] != NOP and not fixed[seq[t]] and t != pin[seq[t]]
-                 and (len(slots_of[seq[t]]) > 1 or not needed[seq[t]])]
-    placed = [t for t in range(T) if seq[t] != NOP and t != state.loss_slot and t != pin[seq[t]]]
-    return pool, needed, slots_of, removable, placed
 
 
 def primitive_table(graph: Graph) -> NodeTable:
@@ -238,8 +194,9 @@ class FastSA:
     """FastSA as a whole-graph solver and as a menu (bottom) solver.
 
     ``schedule`` returns the best schedule found; when its simulated peak is above the budget it
-    raises :class:`InfeasibleBudgetError` with ``min_budget`` = the lowest peak it reached (not a
-    proven minimum). Returned schedules are replayed by ``hiremate.simulate``.
+    raises :class:`InfeasibleBudgetError` whose ``min_budget`` is a budget a solve meets (not a
+    proven minimum; :meth:`met_budget`). Returned schedules are replayed by
+    ``hiremate.simulate``.
 
     ``accelerate``: ``"auto"`` runs the annealing loop in the numba kernel
     (:mod:`hiremate.solvers.fastsa.kernel`, ``pip install hiremate[fast]``) when numba is installed, else in
@@ -308,7 +265,7 @@ class FastSA:
         uniform occupied slot (not the loss) to a uniform slot within ``move_window`` and after
         its inputs' first productions (it must be free).
         """
-        pool, needed, slots_of, removable, placed = _proposal_sets(state)
+        pool, needed, slots_of, removable, placed = proposal_sets(state)
         log_ratio = math.log(temp1 / temp0) if temp0 > 0 and temp1 > 0 else 0.0
         if self.accelerate != "python" and fastsa_accel.usable(state, rng):
             stats = AnnealStats()
@@ -565,13 +522,29 @@ class FastSA:
     def schedule(self, graph: Graph, budget: int) -> Schedule:
         seq, peak, _ = self.solve(graph, budget)
         if peak > budget:
+            met = self.met_budget(graph, peak)
             raise InfeasibleBudgetError(
                 f"FastSA did not fit {graph!r} in {fmt_bytes(budget)}: the best sequence it "
-                f"found peaks at {fmt_bytes(peak)}; raise the budget, give it more iterations "
+                f"found peaks at {fmt_bytes(peak)}, and a solve at {fmt_bytes(met)} ({met} "
+                "bytes) fits; raise the budget to that, give it more iterations "
                 "(iters_grouped, time_limit) or another seed",
-                min_budget=peak,
+                min_budget=met,
             )
         return sequence_to_schedule(graph, seq)
+
+    def met_budget(self, graph: Graph, peak: int, tries: int = 4) -> int:
+        """A budget at or above ``peak`` that a solve meets. The peak a failed solve reached is
+        not one: a solve at that budget weighs memory against time differently and may stop
+        above it. Solving at each peak reached in turn stops where a solve fits; after
+        ``tries`` solves, the graph's own order's peak is returned, which every solve meets
+        (that order is always a candidate, and an in-budget candidate beats every other)."""
+        for _ in range(tries):
+            _, again, _ = self.solve(graph, peak)
+            if again <= peak:
+                return peak
+            peak = again
+        own = simulate(graph, sequence_to_schedule(graph, list(range(len(graph.nodes))))).peak
+        return own
 
     def polish(self, graph: Graph, budget: int, schedule: Schedule) -> Schedule | None:
         """A faster schedule within ``budget``, annealed from ``schedule``, or None

@@ -497,3 +497,47 @@ class SlotState:
     def order(self) -> list[int]:
         """Placed node indices, in slot order."""
         return [x for x in self.seq if x != NOP]
+
+
+def needed_nodes(table: NodeTable) -> list[bool]:
+    """Nodes that some fixed node depends on (through its inputs, transitively).
+
+    A fixed node (loss, backward, output producer) stays placed exactly once, so every node it
+    reads from keeps at least one copy before it, and so on up: the only copy of such a node is
+    never removable. Table indices follow a topological order (readers after producers).
+    """
+    producer = {d: x for x in range(len(table)) for d in table.outs[x]}
+    needed = [False] * len(table)
+    for y in range(len(table) - 1, -1, -1):
+        if table.movable_only[y] or needed[y]:
+            for d in table.ins[y]:
+                x = producer.get(d)
+                if x is not None:
+                    needed[x] = True
+    return needed
+
+
+def proposal_sets(state: SlotState) -> tuple[list[int], list[bool], dict[int, list[int]],
+                                              list[int], list[int]]:
+    """What the annealer draws from: ``(pool, needed, slots_of, removable, placed)``.
+
+    ``pool``: nodes that may be added. Removal candidates: slots of pool nodes that have
+    another copy, or whose outputs nothing placed for good depends on. The only copy of a node
+    that a fixed node needs (through its readers) can never be removed, so leaving it out keeps
+    the removals drawn uniform among the valid ones and saves the draws that would fail.
+    ``placed``: every occupied slot but the loss's (move candidates). Pinned first copies
+    (:meth:`SlotState.pin_first_copies`) are neither removed nor moved.
+    """
+    table, seq, T = state.table, state.seq, state.T
+    fixed = table.movable_only
+    pool = [x for x in range(len(table)) if not fixed[x]]
+    needed = needed_nodes(table)
+    slots_of: dict[int, list[int]] = {}
+    for t in range(T):
+        if seq[t] != NOP:
+            slots_of.setdefault(seq[t], []).append(t)
+    pin = state.pin
+    removable = [t for t in range(T) if seq[t] != NOP and not fixed[seq[t]] and t != pin[seq[t]]
+                 and (len(slots_of[seq[t]]) > 1 or not needed[seq[t]])]
+    placed = [t for t in range(T) if seq[t] != NOP and t != state.loss_slot and t != pin[seq[t]]]
+    return pool, needed, slots_of, removable, placed
