@@ -205,9 +205,8 @@ def test_a_solution_carries_over_to_a_higher_budget_with_the_same_memory_unit():
 
 def test_retries_upwards_never_return_a_slower_schedule(monkeypatch):
     """Each retry at a higher abstract budget is warm-started from the fastest schedule that
-    fitted, so even a try stopped at once by its time limit returns one at least as fast."""
-    from hiremate.solvers.hilp import top as mod
-
+    fitted before its round, so even a try stopped at once by its time limit returns one at
+    least as fast as that."""
     g = u_shaped(3)
     full = simulate(g, autodiff_schedule(g)).peak
     problem = coarse_hilp(problem_of(g, PeelPartition("sequence", 5)))
@@ -216,14 +215,38 @@ def test_retries_upwards_never_return_a_slower_schedule(monkeypatch):
 
     def low_first(self, problem, top, abstract, start_from=None, mem_unit=None,
                   save_budget=None):
-        if start_from is not None:
-            hinted.append((start_from.abstract_budget, abstract))
         # the first try at a lower abstract budget, so that there is room for retries
-        return real(self, problem, top, abstract if hinted or abstract < full else
-                    int(0.85 * abstract), start_from, mem_unit, save_budget)
+        sol = real(self, problem, top, abstract if start_from is not None or abstract < full
+                   else int(0.85 * abstract), start_from, mem_unit, save_budget)
+        if start_from is not None:
+            hinted.append((start_from.abstract_budget, abstract, start_from.sim.time,
+                           sol.sim.time if sol.sim is not None else None))
+        return sol
 
     monkeypatch.setattr(HilpTop, "solve_at", low_first)
     found, _ = HilpTop(time_limit=10, retries=3, refine_rounds=0).compose(problem, full)
-    assert hinted and all(a <= b for a, b in hinted)
-    times = [c.sim.time for c in found]
-    assert len(times) >= 2 and all(t2 <= t1 * (1 + 1e-9) for t1, t2 in zip(times, times[1:]))
+    assert hinted and all(a <= b for a, b, _, _ in hinted)
+    assert all(t is not None and t <= h * (1 + 1e-9) for _, _, h, t in hinted)
+    assert len(found) >= 2
+
+
+def test_the_search_does_not_depend_on_its_workers(monkeypatch):
+    """A round's abstract budgets depend on the earlier rounds only: one thread or two give the
+    same tries and the same candidates."""
+    g = u_shaped(3)
+    full = simulate(g, autodiff_schedule(g)).peak
+    problem = coarse_hilp(problem_of(g, PeelPartition("sequence", 5)))
+    real = HilpTop.solve_at
+    tries: dict[int, list[int]] = {1: [], 2: []}
+
+    def low_first(self, problem, top, abstract, start_from=None, mem_unit=None,
+                  save_budget=None):
+        tries[self.workers].append(abstract)
+        return real(self, problem, top, abstract if abstract < full else int(0.85 * abstract),
+                    start_from, mem_unit, save_budget)
+
+    monkeypatch.setattr(HilpTop, "solve_at", low_first)
+    found = {w: HilpTop(time_limit=10, retries=5, refine_rounds=0, workers=w).compose(
+        problem, full)[0] for w in (1, 2)}
+    assert len(tries[1]) >= 3 and sorted(tries[1]) == sorted(tries[2])
+    assert [c.schedule for c in found[1]] == [c.schedule for c in found[2]]

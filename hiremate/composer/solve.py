@@ -294,7 +294,7 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hier
     problem = TopProblem(graph, blocks, tail)
     for name in _progress(cfg, top, f"{prefix}top level"):
         label = f"{prefix}{name}"
-        composer = make_solver(name, cfg.solver_params.get(name, {}))
+        composer = make_solver(name, _with_workers(name, cfg))
         try:
             cands, low = composer.compose(problem, budget)
         except Exception as exc:  # report, and let another path win
@@ -311,6 +311,23 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hier
         if not cands:
             found.errors[f"top:{label}"] = "no sequence within the budget"
     return report
+
+
+def _with_workers(name: str, cfg: Any) -> dict[str, Any]:
+    """Solver ``name``'s configured parameters; a composer that takes ``workers`` (threads it
+    may run at once, which its result does not depend on) gets the cores ``cfg.n_jobs``
+    grants, unless the configuration sets them."""
+    import inspect
+
+    import joblib
+
+    from hiremate.registry import solver_class
+
+    params = dict(cfg.solver_params.get(name, {}))
+    if "workers" not in params and "workers" in inspect.signature(solver_class(name)).parameters:
+        params["workers"] = cfg.n_jobs if cfg.n_jobs > 0 else max(
+            (joblib.cpu_count() or 1) + 1 + cfg.n_jobs, 1)
+    return params
 
 
 def _with_effects(graph: Graph, budget: int, candidates: list[Candidate]) -> list[Candidate]:

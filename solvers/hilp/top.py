@@ -6,7 +6,8 @@ memory model (:mod:`hiremate.solvers.hilp.hier`) bounds the full graph's memory 
 the simulator is the truth: the translated compute sequence gets its frees from
 :func:`~hiremate.ir.sequence.sequence_to_schedule` (eager, never later than the
 MILP's), and when its simulated peak leaves room below the budget, the MILP is solved again
-with a higher abstract budget (or a lower one when it overshoots), ``retries`` times at most.
+with a higher abstract budget (or a lower one when it overshoots), ``retries`` times at most,
+two budgets a round.
 
 Then, ``refine_rounds`` times at most, the menus of the large blocks are refined for the
 context of the fastest schedule found (:mod:`hiremate.solvers.hilp.refine`: each block's H-ILP
@@ -81,7 +82,7 @@ class HilpTop:
                  backend: str = "highs", threads: int = 1, checkpoint: bool = True,
                  refine_rounds: int = 1, refine_min: int = 8, refine_time: float = SAFETY_TIME,
                  pulp_solver: str = "auto", work_limit: float | None = None, seed: int = 0,
-                 refine_solves: int = 16, refine_work: float | None = None):
+                 refine_solves: int = 16, refine_work: float | None = None, workers: int = 1):
         """``backend``: the MILP backend (:data:`~hiremate.solvers.hilp.backends.BACKENDS`;
         with ``pulp``, ``pulp_solver`` names PuLP's solver, e.g. ``CBC``). ``work_limit``:
         per top-level MILP, in the backend's deterministic unit
@@ -91,7 +92,9 @@ class HilpTop:
         ``refine_rounds``: context-aware menu refinement rounds (0: off) for the blocks of
         at least ``refine_min`` forward nodes, at most ``refine_solves`` block H-ILPs per
         round, each with ``refine_work`` (None: the default work limit) and a wall-clock cap
-        of ``refine_time`` seconds."""
+        of ``refine_time`` seconds. ``workers``: threads that solve a round of the top-level
+        search at once (the composer passes the configuration's cores; the schedule does not
+        depend on them)."""
         from hiremate.solvers.hilp.backends import BACKENDS
 
         if backend not in BACKENDS:
@@ -114,6 +117,7 @@ class HilpTop:
         self.seed = int(seed)
         self.refine_solves = int(refine_solves)
         self.refine_work = None if refine_work is None else float(refine_work)
+        self.workers = max(int(workers), 1)
 
     def applicable(self, graph: Graph) -> bool:
         return True
@@ -291,85 +295,164 @@ class HilpTop:
                 ) -> tuple[list["Candidate"], int | None, list[tuple]]:
         """The MILP at ``abstract`` (warm-started from ``start_from`` when its abstract budget
         is not higher), then at abstract budgets searched so that the simulated peak meets
-        ``budget`` (each warm-started from the fastest fitting try below it): the candidates
-        within it, the lowest simulated peak, and ``(candidate, top graph, top steps, top
-        solution)`` of each candidate (for the refinement). ``save_budget`` bounds every
-        MILP's save (it is not searched: the abstract budget moves the peak only) and a
-        schedule whose simulated save exceeds it counts as over the budget."""
+        ``budget``: the candidates within it, the lowest simulated peak, and ``(candidate,
+        top graph, top steps, top solution)`` of each candidate (for the refinement).
+        ``save_budget`` bounds every MILP's save (it is not searched: the abstract budget
+        moves the peak only) and a schedule whose simulated save exceeds it counts as over
+        the budget.
+
+        After the first try, each round solves :data:`ROUND_TRIES` abstract budgets (on
+        ``workers`` threads: HiGHS releases the GIL), each warm-started from the fastest
+        schedule that fitted before the round; which budgets a round tries depends on the
+        earlier rounds' results only, so the schedule does not depend on ``workers``."""
+        top = top_graph(problem, self.checkpoint, self.option_deps)
+        state = _Search(budget)
+        # one memory scale for every try, so that a solution of a lower abstract budget is a
+        # solution of a higher one too: each try starts from the fastest schedule that fitted
+        # below it (a time-limited try then never returns a slower one)
+        unit = self.memory_unit(top, budget)
+        warm_from = start_from
+        proposals, left = [abstract], max(self.retries, 1)
+        while proposals and left > 0:
+            proposals = proposals[:left]
+            left -= len(proposals)
+            hints = [warm_from if warm_from is not None and warm_from.abstract_budget <= a
+                     else None for a in proposals]
+            sols = self._solve_round(problem, top, proposals, hints, unit, save_budget)
+            for sol in sols:
+                self._record(problem, top, sol, state, save_budget)
+            fitted = [sol for sol in sols if sol.sim is not None and sol.sim.peak <= budget
+                      and sol.model is not None]
+            for sol in fitted:
+                if warm_from is None or warm_from.sim is None or sol.sim.time < warm_from.sim.time:
+                    warm_from = sol
+            if state.stop:
+                break
+            if not state.found and any(sol.sim is None for sol in sols):
+                exc = SolverError(f"hilp-top found no solution within its limits (work_limit "
+                                  f"{self.work_limit}, time_limit {self.time_limit:g}s; "
+                                  f"{sols[0].status}); raise its work_limit or time_limit")
+                exc.timed_out = True
+                raise exc
+            proposals = state.next_budgets()
+        log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
+                 len(top.graph.nodes), state.tried)
+        return state.found, state.lowest, state.kept
+
+    def _solve_round(self, problem: "TopProblem", top: TopGraph, budgets: list[int],
+                     hints: list[TopSolution | None], unit: float,
+                     save_budget: int | None) -> list[TopSolution]:
+        """:meth:`solve_at` at each of ``budgets`` (with its hint), on up to ``workers``
+        threads; the solutions in the order of ``budgets``."""
+        def one(i: int) -> TopSolution:
+            return self.solve_at(problem, top, budgets[i], start_from=hints[i], mem_unit=unit,
+                                 save_budget=save_budget)
+
+        if self.workers < 2 or len(budgets) < 2:
+            return [one(i) for i in range(len(budgets))]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(self.workers, len(budgets)),
+                                thread_name_prefix="hiremate-hilp-top") as pool:
+            return list(pool.map(one, range(len(budgets))))
+
+    def _record(self, problem: "TopProblem", top: TopGraph, sol: TopSolution,
+                state: "_Search", save_budget: int | None) -> None:
+        """One try's outcome, into ``state``: a candidate when it fits, the search's bounds."""
         from hiremate.ir.blocks import Candidate
         from hiremate.ir.sequence import sequence_to_schedule
 
-        top = top_graph(problem, self.checkpoint, self.option_deps)
-        found: list[Candidate] = []
-        kept: list[tuple] = []
-        lowest: int | None = None
-        ok: int | None = None       # highest abstract budget whose schedule fit
-        bad: int | None = None      # lowest abstract budget whose schedule did not
-        tried = []
-        sequences: set[tuple[int, ...]] = set()
-        # one memory scale for every try, so that a solution of a lower abstract budget is a
-        # solution of a higher one too: each retry upwards starts from the fastest schedule
-        # that fitted (a time-limited try then never returns a slower one)
-        unit = self.memory_unit(top, budget)
-        warm_from = start_from
-        for _ in range(max(self.retries, 1)):
-            hint = (warm_from if warm_from is not None
-                    and warm_from.abstract_budget <= abstract else None)
-            sol = self.solve_at(problem, top, abstract, start_from=hint, mem_unit=unit,
-                                save_budget=save_budget)
-            tried.append((abstract, sol.status, sol.sim.peak if sol.sim else None))
-            if sol.sim is None:
-                if sol.status == "infeasible" or found:
-                    # a lower abstract budget is infeasible too, or a retry ran out of time:
-                    # keep the schedules the earlier tries found
-                    break
-                exc = SolverError(f"hilp-top found no solution within its limits (work_limit "
-                                  f"{self.work_limit}, time_limit {self.time_limit:g}s; "
-                                  f"{sol.status}); raise its work_limit or time_limit")
-                exc.timed_out = True
-                raise exc
-            sim = sol.sim
-            if not sim.valid:
-                raise SolverError(f"hilp-top produced an invalid schedule (a bug): {sim.error}")
-            sched = sequence_to_schedule(problem.graph, sol.sequence)
-            if not save_fits(problem.graph, sched, sim, save_budget):
-                # not expected (the MILP bounds the save from above): count it as too high
-                log.warning("hilp-top at %s: simulated save %s over the save budget %s",
-                            fmt_bytes(abstract), fmt_bytes(simulated_save(problem.graph, sched,
-                                                                          sim)),
-                            fmt_bytes(save_budget))
-                bad = abstract
-                break
-            lowest = sim.peak if lowest is None else min(lowest, sim.peak)
-            seen = tuple(sol.sequence)
-            if sim.peak <= budget and seen in sequences:
-                break  # a higher abstract budget gave the same schedule: nothing to gain
-            sequences.add(seen)
-            if sim.peak <= budget:
-                found.append(Candidate(sched, sim, self.name, {
-                    "abstract_budget": abstract, "objective": sol.objective,
-                    "bound": sol.bound, "status": sol.status, "seconds": sol.seconds,
-                    "block_solvers": block_solvers(top, sol.steps)}))
-                kept.append((found[-1], top, sol.steps, sol))
-                if (sol.model is not None and (warm_from is None or warm_from.sim is None
-                                               or sim.time < warm_from.sim.time)):
-                    warm_from = sol
-                ok = abstract
-                room = budget - sim.peak
-                if room <= RETRY_ROOM * budget:
-                    break
-                nxt = abstract + room if bad is None else (ok + bad) // 2
+        abstract, sim = sol.abstract_budget, sol.sim
+        state.tried.append((abstract, sol.status, sim.peak if sim else None))
+        if sim is None:
+            # a lower abstract budget is infeasible too, or a retry ran out of time: keep the
+            # schedules the other tries found
+            state.stop = state.stop or sol.status == "infeasible" or bool(state.found)
+            return
+        if not sim.valid:
+            raise SolverError(f"hilp-top produced an invalid schedule (a bug): {sim.error}")
+        sched = sequence_to_schedule(problem.graph, sol.sequence)
+        if not save_fits(problem.graph, sched, sim, save_budget):
+            # not expected (the MILP bounds the save from above): count it as too high
+            log.warning("hilp-top at %s: simulated save %s over the save budget %s",
+                        fmt_bytes(abstract), fmt_bytes(simulated_save(problem.graph, sched,
+                                                                      sim)),
+                        fmt_bytes(save_budget))
+            state.over(abstract, sim.peak)
+            state.stop = True
+            return
+        state.lowest = sim.peak if state.lowest is None else min(state.lowest, sim.peak)
+        seen = tuple(sol.sequence)
+        if sim.peak > state.budget:
+            state.over(abstract, sim.peak)
+            return
+        if seen in state.sequences:
+            state.stop = True  # a higher abstract budget gave the same schedule
+            return
+        state.sequences.add(seen)
+        state.found.append(Candidate(sched, sim, self.name, {
+            "abstract_budget": abstract, "objective": sol.objective, "bound": sol.bound,
+            "status": sol.status, "seconds": sol.seconds,
+            "block_solvers": block_solvers(top, sol.steps)}))
+        state.kept.append((state.found[-1], top, sol.steps, sol))
+        state.fit(abstract, sim.peak)
+
+
+#: abstract budgets a round of the top-level search tries after its first try
+ROUND_TRIES = 2
+
+
+class _Search:
+    """The state of :meth:`HilpTop._search`: what was tried and found, and the abstract
+    budgets known to fit (``ok``, the highest; its simulated peak ``ok_peak``) and to overflow
+    (``bad``, the lowest above ``ok``; its simulated peak ``bad_peak``)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.found: list = []
+        self.kept: list[tuple] = []
+        self.lowest: int | None = None
+        self.tried: list[tuple] = []
+        self.sequences: set[tuple[int, ...]] = set()
+        self.stop = False
+        self.ok: int | None = None
+        self.ok_peak = 0
+        self.over_at: dict[int, int] = {}
+
+    def fit(self, abstract: int, peak: int) -> None:
+        if self.ok is None or abstract > self.ok:
+            self.ok, self.ok_peak = abstract, peak
+
+    def over(self, abstract: int, peak: int) -> None:
+        self.over_at[abstract] = peak
+
+    def next_budgets(self) -> list[int]:
+        """The next round's abstract budgets (ascending; none: the search is done). Above a
+        fitting try whose schedule leaves more than :data:`RETRY_ROOM` of the budget unused:
+        that room and half of it; between a fit and an overflow: the interval's thirds, until
+        it is within ``RETRY_ROOM``; below an overflow with nothing fitting: the overflow and
+        twice it."""
+        limit = RETRY_ROOM * self.budget
+        above = [a for a in self.over_at if self.ok is None or a > self.ok]
+        bad = min(above) if above else None
+        if self.ok is not None:
+            room = self.budget - self.ok_peak
+            if room <= limit:
+                return []
+            if bad is None:
+                wanted = [self.ok + room // 2, self.ok + room]
+            elif bad - self.ok <= limit:
+                return []
             else:
-                bad = abstract
-                over = sim.peak - budget
-                nxt = abstract - over if ok is None else (ok + bad) // 2
-            if nxt <= 0 or nxt == abstract or (ok is not None and bad is not None
-                                               and bad - ok <= RETRY_ROOM * budget):
-                break
-            abstract = int(nxt)
-        log.info("hilp-top: %d top nodes, tries (abstract, status, simulated peak) %s",
-                 len(top.graph.nodes), tried)
-        return found, lowest, kept
+                third = (bad - self.ok) / 3
+                wanted = [int(self.ok + third), int(self.ok + 2 * third)]
+        elif bad is not None:
+            excess = self.over_at[bad] - self.budget
+            wanted = [bad - 2 * excess, bad - excess]
+        else:
+            return []
+        tried = {t[0] for t in self.tried}
+        return sorted({a for a in wanted if a > 0 and a not in tried})[:ROUND_TRIES]
 
 
 def simulated_save(graph: Graph, schedule, sim: SimulationResult) -> int:
