@@ -320,18 +320,17 @@ class HilpTop:
                      else None for a in proposals]
             sols = self._solve_round(problem, top, proposals, hints, unit, save_budget)
             for sol in sols:
-                self._record(problem, top, sol, state, save_budget)
-            fitted = [sol for sol in sols if sol.sim is not None and sol.sim.peak <= budget
-                      and sol.model is not None]
-            for sol in fitted:
-                if warm_from is None or warm_from.sim is None or sol.sim.time < warm_from.sim.time:
+                if self._record(problem, top, sol, state, save_budget) and (
+                        sol.model is not None and (warm_from is None or warm_from.sim is None
+                                                   or sol.sim.time < warm_from.sim.time)):
                     warm_from = sol
             if state.stop:
                 break
-            if not state.found and any(sol.sim is None for sol in sols):
+            empty = [sol.status for sol in sols if sol.sim is None]
+            if empty and not state.found:
                 exc = SolverError(f"hilp-top found no solution within its limits (work_limit "
                                   f"{self.work_limit}, time_limit {self.time_limit:g}s; "
-                                  f"{sols[0].status}); raise its work_limit or time_limit")
+                                  f"{empty[0]}); raise its work_limit or time_limit")
                 exc.timed_out = True
                 raise exc
             proposals = state.next_budgets()
@@ -357,8 +356,9 @@ class HilpTop:
             return list(pool.map(one, range(len(budgets))))
 
     def _record(self, problem: "TopProblem", top: TopGraph, sol: TopSolution,
-                state: "_Search", save_budget: int | None) -> None:
-        """One try's outcome, into ``state``: a candidate when it fits, the search's bounds."""
+                state: "_Search", save_budget: int | None) -> bool:
+        """One try's outcome, into ``state``: a candidate when it fits (then True), the
+        search's bounds."""
         from hiremate.ir.blocks import Candidate
         from hiremate.ir.sequence import sequence_to_schedule
 
@@ -368,7 +368,7 @@ class HilpTop:
             # a lower abstract budget is infeasible too, or a retry ran out of time: keep the
             # schedules the other tries found
             state.stop = state.stop or sol.status == "infeasible" or bool(state.found)
-            return
+            return False
         if not sim.valid:
             raise SolverError(f"hilp-top produced an invalid schedule (a bug): {sim.error}")
         sched = sequence_to_schedule(problem.graph, sol.sequence)
@@ -380,15 +380,15 @@ class HilpTop:
                         fmt_bytes(save_budget))
             state.over(abstract, sim.peak)
             state.stop = True
-            return
+            return False
         state.lowest = sim.peak if state.lowest is None else min(state.lowest, sim.peak)
         seen = tuple(sol.sequence)
         if sim.peak > state.budget:
             state.over(abstract, sim.peak)
-            return
+            return False
         if seen in state.sequences:
             state.stop = True  # a higher abstract budget gave the same schedule
-            return
+            return False
         state.sequences.add(seen)
         state.found.append(Candidate(sched, sim, self.name, {
             "abstract_budget": abstract, "objective": sol.objective, "bound": sol.bound,
@@ -396,6 +396,7 @@ class HilpTop:
             "block_solvers": block_solvers(top, sol.steps)}))
         state.kept.append((state.found[-1], top, sol.steps, sol))
         state.fit(abstract, sim.peak)
+        return True
 
 
 #: abstract budgets a round of the top-level search tries after its first try
