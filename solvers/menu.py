@@ -166,7 +166,8 @@ def solve_menu(solver, graph: Graph, budgets: Iterable, exact: bool = False) -> 
             result = solver.solve(graph, int(peak), save)
         except InfeasibleBudgetError:
             log.debug("menu: budget (%s, %s) infeasible", peak, save)
-            proved.add(peak, save)
+            if exact:  # only a proof settles the tighter budgets
+                proved.add(peak, save)
             continue
         except SolverError as exc:
             # a time-out on one budget leaves the menu without that option, like an infeasible
