@@ -532,19 +532,19 @@ class FastSA:
             )
         return sequence_to_schedule(graph, seq)
 
-    def met_budget(self, graph: Graph, peak: int, tries: int = 4) -> int:
+    def met_budget(self, graph: Graph, peak: int, tries: int = 2) -> int:
         """A budget at or above ``peak`` that a solve meets. The peak a failed solve reached is
         not one: a solve at that budget weighs memory against time differently and may stop
         above it. Solving at each peak reached in turn stops where a solve fits; after
-        ``tries`` solves, the graph's own order's peak is returned, which every solve meets
-        (that order is always a candidate, and an in-budget candidate beats every other)."""
+        ``tries`` solves (each a whole anneal, so few), the graph's own order's peak is
+        returned, which every solve meets (that order is always a candidate, and an in-budget
+        candidate beats every other)."""
         for _ in range(tries):
             _, again, _ = self.solve(graph, peak)
             if again <= peak:
                 return peak
             peak = again
-        own = simulate(graph, sequence_to_schedule(graph, list(range(len(graph.nodes))))).peak
-        return own
+        return simulate(graph, sequence_to_schedule(graph, list(range(len(graph.nodes))))).peak
 
     def polish(self, graph: Graph, budget: int, schedule: Schedule) -> Schedule | None:
         """A faster schedule within ``budget``, annealed from ``schedule``, or None
