@@ -404,9 +404,10 @@ ROUND_TRIES = 2
 
 
 class _Search:
-    """The state of :meth:`HilpTop._search`: what was tried and found, and the abstract
-    budgets known to fit (``ok``, the highest; its simulated peak ``ok_peak``) and to overflow
-    (``bad``, the lowest above ``ok``; its simulated peak ``bad_peak``)."""
+    """The state of :meth:`HilpTop._search`: what was tried and found, the highest abstract
+    budget known to fit (``ok``, with its simulated peak ``ok_peak``) and the simulated peak of
+    each abstract budget that overflowed (``over_at``; the lowest above ``ok`` bounds the
+    search)."""
 
     def __init__(self, budget: int):
         self.budget = budget
