@@ -184,7 +184,9 @@ class HRockmate(ModelWrapper):
             # a loss applied outside to the outputs may use any of them
             scalars = cfg.output_gradients == "auto" and not (
                 self._loss_fn is not None and self._loss_step is None)
-            graph = build_graph(model, sample, cost_model=cfg.cost_model, cache_dir=cfg.cache_dir,
+            # the roofline fit belongs to the machine, not to the menus' cache_dir: it stays
+            # in $HIREMATE_CACHE, fitted once whatever cache_dir each build names
+            graph = build_graph(model, sample, cost_model=cfg.cost_model,
                                 output_gradients="scalars" if scalars else "all")
         loss_bytes = solving.loss_bytes(model, graph, sample, self._loss_fn,
                                         self._loss_step is not None)

@@ -112,7 +112,8 @@ class Config:
     n_jobs: int = -1             # joblib workers for the menus (-1: all cores)
     backend: str = "loky"        # any joblib backend ("loky", "threading", "dask", ...)
     cache: bool = True
-    cache_dir: str | None = None  # default: $HIREMATE_CACHE or ~/.cache/hiremate
+    cache_dir: str | None = None  # menus; default: $HIREMATE_CACHE or ~/.cache/hiremate (the
+                                  # roofline fit, a fact of the machine, always stays there)
     progress: bool | str = "auto"  # bars: True, False, or "auto" (only when stderr is a terminal)
     calibrate: int = 2           # re-solves when the measured peak exceeds the budget (0: off)
     cost_model: str = "auto"     # node times: auto (measured on GPU, roofline on CPU), measured,

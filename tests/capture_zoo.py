@@ -476,10 +476,10 @@ def checkpoint_reentrant() -> Built:
 # -- the table ----------------------------------------------------------------------------------
 
 # What the default test run passes to HRockmate for its cases (solvers limited to seconds, one
-# process, menus of three peaks at the lowest save: these cases check what capture and the
-# executor give, not how good the schedule is); slow cases and bench/capture_models.py use the
-# default preset as it is.
-FAST = {"n_jobs": 1, "progress": False, "menu_peaks": 3, "menu_saves": 1,
+# process, menus of three peaks at the lowest save, no FastSA polish: these cases check what
+# capture and the executor give, not how good the schedule is); slow cases and
+# bench/capture_models.py use the default preset as it is.
+FAST = {"n_jobs": 1, "progress": False, "menu_peaks": 3, "menu_saves": 1, "polish": [],
         "solver_params": {"hilp": {"time_limit": 2.0, "max_nodes": 250},
                           "rk-rotor": {"slots": 100}, "hilp-top": {"time_limit": 5.0}}}
 

@@ -16,6 +16,7 @@ from hiremate.errors import ConfigError
 from hiremate.graphbuilder.costs import check_cost_model, resolve_cost_model
 from hiremate.graphbuilder.costs import roofline
 from hiremate.graphbuilder.costs.analytic import OP_CLASSES
+from hiremate.paths import default_cache_dir, exclusive_lock
 
 
 class ConvNet(nn.Module):
@@ -31,9 +32,10 @@ class ConvNet(nn.Module):
 
 
 @pytest.fixture(scope="module")
-def fit_dir(tmp_path_factory):
-    """One roofline fit shared by the tests that only use it (a fit takes a few seconds)."""
-    return tmp_path_factory.mktemp("fit")
+def fit_dir():
+    """The test run's machine cache (``conftest.py``): the tests that only use a roofline fit
+    share the run's (a fit takes seconds)."""
+    return default_cache_dir()
 
 
 def _model():
@@ -69,6 +71,32 @@ def test_roofline_fit_is_made_once_and_reused(tmp_path, monkeypatch):
     files[0].write_text(json.dumps(stored))
     with pytest.raises(AssertionError, match="cached fit"):
         hiremate.build_graph(model, x, cost_model="roofline", cache_dir=tmp_path)
+
+
+def test_a_process_finding_another_fitting_waits_and_takes_its_fit(tmp_path, monkeypatch,
+                                                                  fit_dir):
+    """Two processes without a fit (DDP ranks, test workers): the second waits on the first's
+    lock and reads its fit instead of calibrating beside it (a lock held here, a build in a
+    thread; flock holds between two opens of the file within one process too)."""
+    import threading
+
+    device, dtype = torch.device("cpu"), torch.float32
+    fit = roofline.load_or_fit(device, dtype, fit_dir)  # the run's fit, the one to be "made"
+    path = roofline.fit_path(tmp_path, fit.fingerprint)
+
+    def refuse(*_):
+        raise AssertionError("calibrated although another process was fitting")
+    monkeypatch.setattr(roofline, "calibrate", refuse)
+    got = []
+    with exclusive_lock(path.with_suffix(".lock")):  # "another process" is fitting
+        waiter = threading.Thread(target=lambda: got.append(
+            roofline.load_or_fit(device, dtype, tmp_path)))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and not got  # it waits for the lock
+        path.write_text(json.dumps(fit.to_dict()))  # ... which stores its fit and lets go
+    waiter.join(30)
+    assert got == [fit]
 
 
 def test_scratch_memory_is_counted_under_every_cost_model(fit_dir):
@@ -230,7 +258,7 @@ def test_the_graph_says_how_much_of_its_time_is_the_in_situ_share(fit_dir):
     assert flops.meta["in_situ_share"] == 0.0
 
 
-def test_a_bfloat16_model_is_fitted_and_wrapped_with_eagers_gradients(tmp_path):
+def test_a_bfloat16_model_is_fitted_and_wrapped_with_eagers_gradients(tmp_path, monkeypatch):
     """bfloat16 training is common, and the roofline's calibration has a program that
     bfloat16 cannot run on a CPU (its FFT). That program is skipped, the FFT class keeps a
     fit, and the wrapper's gradients are eager's to the bit (before, the FFT's "Unsupported
@@ -240,9 +268,12 @@ def test_a_bfloat16_model_is_fitted_and_wrapped_with_eagers_gradients(tmp_path):
                           nn.Linear(32, 8)).to(torch.bfloat16)
     x = torch.randn(256, 32, dtype=torch.bfloat16)
     reference = copy.deepcopy(model)
-    wrapped = hiremate.HRockmate(model, x, 0.6, cost_model="roofline", cache_dir=str(tmp_path),
-                                 calibrate=0)
-    [fit] = (tmp_path / "roofline").glob("*.json")
+    # the fit is the machine's ($HIREMATE_CACHE), not the menus' (cache_dir)
+    monkeypatch.setenv("HIREMATE_CACHE", str(tmp_path / "machine"))
+    wrapped = hiremate.HRockmate(model, x, 0.6, cost_model="roofline",
+                                 cache_dir=str(tmp_path / "menus"), calibrate=0)
+    assert not (tmp_path / "menus" / "roofline").exists()
+    [fit] = (tmp_path / "machine" / "roofline").glob("*.json")
     stored = json.loads(fit.read_text())
     assert "bfloat16" in stored["fingerprint"]["dtype"]
     assert all(c >= 0 for row in stored["coefficients"].values() for c in row)

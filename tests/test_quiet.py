@@ -52,9 +52,10 @@ CONFIGS = {
 
 
 @pytest.fixture
-def own_cache(tmp_path, monkeypatch):
-    """A fresh menu cache, so that the solvers run rather than a cache answering."""
-    monkeypatch.setenv("HIREMATE_CACHE", str(tmp_path / "cache"))
+def own_cache(tmp_path) -> str:
+    """A fresh menu cache, so that the solvers run rather than a cache answering (the roofline
+    fit is the test run's: a first fit's quiet is the fresh interpreter's test below)."""
+    return str(tmp_path / "menus")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def reuse_capture(request, captured, monkeypatch):
 def test_a_whole_build_writes_nothing(name, capfd, own_cache, reuse_capture):
     model, sample = small_model()
     capfd.readouterr()
-    remat = HRockmate(model, sample, 0.5, **CONFIGS[name])
+    remat = HRockmate(model, sample, 0.5, cache_dir=own_cache, **CONFIGS[name])
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")
     report = remat.report()
@@ -109,7 +110,7 @@ def test_hilp_top_through_the_subprocess_path_writes_nothing(capfd, own_cache, m
     monkeypatch.setattr(backends, "_in_subprocess", counted)
     model, sample = small_model()
     capfd.readouterr()
-    HRockmate(model, sample, 0.5, **CONFIGS["hilp-top-highs"])
+    HRockmate(model, sample, 0.5, cache_dir=own_cache, **CONFIGS["hilp-top-highs"])
     out, err = capfd.readouterr()
     assert (out, err) == ("", "")
     assert "_solve_highs" in calls
@@ -117,7 +118,8 @@ def test_hilp_top_through_the_subprocess_path_writes_nothing(capfd, own_cache, m
 
 def test_a_fresh_interpreter_builds_quietly(capfd, tmp_path):
     """HiGHS prints its banner once per process and the profiler initialises once: a child
-    interpreter (its descriptors are capfd's) sees both for the first time."""
+    interpreter (its descriptors are capfd's) sees both for the first time, and with a cache
+    of its own it fits the roofline too, as a new user's first build does."""
     code = textwrap.dedent("""
         import sys
         sys.path.insert(0, %r)

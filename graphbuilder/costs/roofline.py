@@ -36,6 +36,7 @@ from hiremate.errors import FormatError
 from hiremate.graphbuilder.costs.analytic import (CALIBRATED_ELEMENTWISE, FIXED_MACHINE,
                                                   OP_CLASSES, bytes_moved, flops_of, op_class)
 from hiremate.graphbuilder.costs.timing import device_clock, time_in_place, time_nodes
+from hiremate.paths import exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +123,29 @@ def fit_path(cache_dir: Path, fingerprint: dict[str, Any]) -> Path:
 
 def load_or_fit(device: torch.device, dtype: torch.dtype, cache_dir: Path) -> RooflineFit:
     """This machine's fit for ``dtype`` on ``device``: from the cache, else calibrated now
-    (a few seconds) and stored there."""
+    (a few seconds) and stored there. Processes that find no fit at once (DDP ranks, a sweep's
+    workers, parallel test workers) take turns: one calibrates, the others wait and read its
+    fit, so they share its numbers, and no calibration is timed beside another one."""
     fingerprint = machine_fingerprint(device, dtype)
     path = fit_path(cache_dir, fingerprint)
+    fit = _stored_fit(path, fingerprint)
+    if fit is not None:
+        return fit
+    with exclusive_lock(path.with_suffix(".lock")):
+        fit = _stored_fit(path, fingerprint)  # another process may have fitted it meanwhile
+        return fit if fit is not None else _fit_and_store(device, dtype, path, fingerprint)
+
+
+def _stored_fit(path: Path, fingerprint: dict[str, Any]) -> RooflineFit | None:
     try:
         fit = RooflineFit.from_dict(json.loads(path.read_text()))
-        if fit.fingerprint == fingerprint:
-            return fit
     except (OSError, ValueError, KeyError, TypeError):
-        pass
+        return None
+    return fit if fit.fingerprint == fingerprint else None
+
+
+def _fit_and_store(device: torch.device, dtype: torch.dtype, path: Path,
+                   fingerprint: dict[str, Any]) -> RooflineFit:
     start = time.perf_counter()
     fit = calibrate(device, dtype)
     log.info("fitted the roofline cost model for %s in %.1fs: %s", fingerprint["processor"],

@@ -81,8 +81,7 @@ def _capture(cell: Any, spec: SweepSpec, path: Path) -> Graph:
         model, sample = cell.model.build(spec.torch_dtype())
         overrides = spec.hiremate_overrides
         graph = build_graph(model.to(device), _to_device(sample, device),
-                            cost_model=overrides.get("cost_model", "auto"),
-                            cache_dir=overrides.get("cache_dir"))
+                            cost_model=overrides.get("cost_model", "auto"))
     path.parent.mkdir(parents=True, exist_ok=True)
     graph.save(path)
     return graph
