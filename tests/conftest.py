@@ -8,7 +8,7 @@
 - Its cores shared out: each xdist worker gets its share of the cores as torch's intra-op
   threads (two workers on two cores: one each), not all of them; four threads on two cores
   slowed every test, and the thread count is part of the roofline fit's key, so the run's
-  workers also share one fit per dtype.
+  workers (and the interpreters their tests start) also share one fit per dtype.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         workers = int(config.workerinput.get("workercount", 1))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the interpreters tests start, likewise
         return
     directory = tempfile.mkdtemp(prefix="hiremate-test-cache-")
     config.stash[_CACHE] = (directory, os.environ.get("HIREMATE_CACHE"))

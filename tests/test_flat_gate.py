@@ -87,6 +87,27 @@ def test_where_no_flat_heuristic_fits_it_runs_warm_from_the_hierarchy(monkeypatc
 
 
 def test_where_nothing_else_fits_it_runs(monkeypatch):
+    """No flat heuristic fits and the hierarchy finds nothing (made to, here: the graph where
+    that happens on its own, below, takes its MILP 40 s): the gap is unknown, and the flat
+    H-ILP runs, cold."""
+    import hiremate.composer.solve as composer_solve
+
+    graph = random_graph(3, 12)
+    calls = _spied(monkeypatch)
+
+    def nothing(*args, after_menus=None, **kwargs):
+        if after_menus is not None:
+            after_menus()
+    monkeypatch.setattr(composer_solve, "_hierarchical_path", nothing)
+    res = solve_graph(graph, 0.8, "hiremate", **FAST)
+    assert res.report["flat_gate"] == {"gap": None, "threshold": 0.05, "ran": True,
+                                      "early": False}
+    assert calls == [("twremat", 0), ("fastsa", 0), ("hilp", 0)]
+    assert res.report["solver"].startswith("hilp")
+
+
+@pytest.mark.slow
+def test_where_nothing_else_fits_on_its_own_it_runs(monkeypatch):
     graph = random_graph(11, 20)
     calls = _spied(monkeypatch)
     res = solve_graph(graph, 0.8, "hiremate", **FAST)
