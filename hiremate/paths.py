@@ -31,9 +31,6 @@ def exclusive_lock(path: Path) -> Iterator[None]:
     except OSError:
         yield
         return
-    with handle:
+    with handle:  # closing the file releases its lock
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        yield
