@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hilp_exhaustive import exhaustive_optimum
-from hiremate.errors import InfeasibleBudgetError, SolverError
+from hiremate.errors import ConfigError, InfeasibleBudgetError, SolverError
 from hiremate.ir.schedule import Compute
 from hiremate.ir.simulator import autodiff_schedule, simulate
 from hiremate.solvers.hilp.flat import (
@@ -179,6 +179,32 @@ def test_budget_below_floor_raises_with_min_budget():
 def test_unknown_backend():
     with pytest.raises(SolverError, match="unknown H-ILP backend"):
         HilpSolver(backend="nope")
+
+
+def test_graphs_above_large_above_get_the_large_work_limit(monkeypatch):
+    """A graph of more compute nodes than ``large_above`` is solved with ``large_work_limit``,
+    one of at most that many with ``work_limit``; the two keys go together."""
+    import hiremate.solvers.hilp.flat as flat
+
+    seen: list = []
+    real = flat.solve_milp
+
+    def spy(*args, **kwargs):
+        if not kwargs.get("relax"):  # the warm start's LP relaxation has no work limit
+            seen.append(kwargs["work_limit"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flat, "solve_milp", spy)
+    g = random_graph(0, 12)
+    n = len(g.nodes)
+    b = _budget(g, 0.7)
+    for above, expected in ((n - 1, 1), (n, 50)):
+        res = HilpSolver(work_limit=50, large_above=above, large_work_limit=1).solve(g, b)
+        assert seen[-1] == expected
+        assert simulate(g, res.schedule).peak <= b
+    for one in ({"large_above": 10}, {"large_work_limit": 1}):
+        with pytest.raises(ConfigError, match="go together"):
+            HilpSolver(**one)
 
 
 def test_time_limit_returns_incumbent():

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hiremate.errors import InfeasibleBudgetError, SolverError
+from hiremate.errors import ConfigError, InfeasibleBudgetError, SolverError
 from hiremate.ir.graph import SOURCE_KINDS, Graph
 from hiremate.ir.option import Option
 from hiremate.ir.schedule import Compute, Delete, Schedule
@@ -48,7 +48,12 @@ class HilpConfig:
     limit (the MILP grows with the square of the number of nodes). ``heuristic_hints``: offer
     TW-Remat's schedules to the warm start; at tight budgets HiGHS rarely improves on its
     starting point within a time limit, and full recomputation (the fallback) can be many
-    times slower than what TW-Remat finds in a fraction of a second."""
+    times slower than what TW-Remat finds in a fraction of a second. ``large_work_limit``
+    replaces ``work_limit`` on graphs of more than ``large_above`` compute nodes (both or
+    neither): there one branch-and-bound node costs about a second (strong branching over
+    thousands of binaries), and the schedule a MILP ends with was, on every large one
+    measured, found at its root (docs/results.md, "Stop 53"); on small graphs the nodes are
+    cheap and do improve it."""
 
     backend: str = "highs"
     time_limit: float = SAFETY_TIME
@@ -60,6 +65,14 @@ class HilpConfig:
     heuristic_hints: bool = True
     max_nodes: int = 250
     pulp_solver: str = "auto"
+    large_above: int | None = None
+    large_work_limit: float | None = None
+
+    def work_for(self, n_nodes: int) -> float | None:
+        """The work limit of a MILP over a graph of ``n_nodes`` compute nodes."""
+        if self.large_above is not None and n_nodes > self.large_above:
+            return self.large_work_limit
+        return self.work_limit
 
 
 @dataclass
@@ -333,6 +346,10 @@ class HilpSolver:
         if self.config.backend not in BACKENDS:
             raise SolverError(f"unknown H-ILP backend {self.config.backend!r}; "
                               f"choose one of {', '.join(BACKENDS)}")
+        if (self.config.large_above is None) != (self.config.large_work_limit is None):
+            raise ConfigError("H-ILP's large_above and large_work_limit go together: give "
+                              "both (the work limit on graphs above that many compute nodes) "
+                              "or neither")
 
     def applicable(self, graph: Graph) -> bool:
         return len(graph.nodes) <= self.config.max_nodes
@@ -367,7 +384,8 @@ class HilpSolver:
             model.milp, cfg.backend,
             max(cfg.time_limit - (time.perf_counter() - ws_start), 0.05 * cfg.time_limit),
             cfg.mip_gap, hint, cfg.threads,
-            pulp_solver=cfg.pulp_solver, work_limit=cfg.work_limit, seed=cfg.seed)
+            pulp_solver=cfg.pulp_solver, work_limit=cfg.work_for(len(graph.nodes)),
+            seed=cfg.seed)
         log.info("%s/%s on %d nodes, budget %s: %s, objective %.6g in %.2fs (+%.2fs build)",
                  self.name, cfg.backend, len(graph.nodes), fmt_bytes(budget), res.status,
                  res.objective, res.solve_time, model.build_time)
@@ -381,7 +399,7 @@ class HilpSolver:
             if hint_phases is None:
                 exc = SolverError(
                     f"{self.name}/{cfg.backend} found no schedule within its limits "
-                    f"(work_limit {cfg.work_limit}, time_limit {cfg.time_limit:g}s) for "
+                    f"(work_limit {cfg.work_for(len(graph.nodes))}, time_limit {cfg.time_limit:g}s) for "
                     f"{len(graph.nodes)} nodes; raise work_limit or time_limit, or partition "
                     "the graph")
                 exc.timed_out = True  # neither a schedule nor a proof: menus skip the budget
