@@ -159,3 +159,26 @@ def test_where_the_flat_hilp_runs_no_start_is_polished_twice(monkeypatch):
     assert starts and len(starts) == len(set(starts))
     # the final polish started from the MILP's schedule too, which the trial did not have
     assert any(f["from"] == "hilp" for f in res.report["polish"])
+
+
+def test_the_large_graph_work_limit_holds_unless_nothing_else_fits(monkeypatch):
+    """The deferred whole-graph H-ILP keeps ``large_above``'s work limit where other schedules
+    exist (their polish recovers what its branch-and-bound nodes add), and runs with its whole
+    ``work_limit`` where it alone can fit the budget."""
+    from hiremate.composer.flat import Paths, deferred_flat_hilp
+    from hiremate.ir.blocks import Candidate
+    from hiremate.ir.simulator import autodiff_schedule, simulate
+
+    seen: list[dict] = []
+    monkeypatch.setattr(composer_flat, "flat_candidate",
+                        lambda name, params, graph, budget, hints=(): (seen.append(params)
+                                                                       or (None, None, "spy")))
+    graph = random_graph(3, 12)
+    cfg = load_config("hiremate")
+    assert cfg.solver_params["hilp"]["large_work_limit"] == 1
+    sched = autodiff_schedule(graph)
+    other = Candidate(sched, simulate(graph, sched), "hilp-top", {})
+    for found, limited in ((Paths(), False), (Paths(candidates=[other]), True)):
+        deferred_flat_hilp(graph, 10**9, cfg, found, {})
+        assert ("large_above" in seen[-1]) is limited
+        assert seen[-1]["work_limit"] == cfg.solver_params["hilp"]["work_limit"]

@@ -196,17 +196,27 @@ def deferred_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths,
     schedule of each of the ``hints`` fastest sources. Started cold, its only warm start
     would be full recomputation: the zoo UNet at 0.35 spent its whole work limit (two
     minutes) near that start, and then :func:`rewarm_flat` ran it again from the
-    hierarchy's schedule (docs/results.md). This is that second run without the first."""
+    hierarchy's schedule (docs/results.md). This is that second run without the first. When
+    no path found any schedule, it runs with its whole work limit (:func:`whole_work`)."""
     starts = [c.schedule for c in fastest_per_source(found.candidates, hints)]
     t0 = time.perf_counter()
-    cand, low, err = flat_candidate("hilp", cfg.solver_params.get("hilp", {}), graph, budget,
-                                    hints=starts)
+    params = cfg.solver_params.get("hilp", {})
+    if not found.candidates:  # no other schedule, and no polish of one, would recover them
+        params = whole_work(params)
+    cand, low, err = flat_candidate("hilp", params, graph, budget, hints=starts)
     seconds = time.perf_counter() - t0
     log.info("flat hilp (deferred, %d warm starts): %s in %.2fs", len(starts),
              "ok" if cand else err, seconds)
     report["flat_deferred"] = {"seconds": round(seconds, 3), "warm_starts": len(starts),
                                "time": cand.sim.time if cand is not None else None}
     record_flat(found, "hilp", cand, low, err)
+
+
+def whole_work(params: dict) -> dict:
+    """H-ILP parameters without the large-graph work limit (``large_above``), for a run that
+    nothing else fits beside (:func:`deferred_flat_hilp`): the limit leaves to the polish of
+    the other paths' schedules what the MILP's branch-and-bound nodes would add."""
+    return {k: v for k, v in params.items() if k not in ("large_above", "large_work_limit")}
 
 
 def rewarm_flat(graph: Graph, budget: int, cfg: Any, found: Paths,

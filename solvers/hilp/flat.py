@@ -50,10 +50,10 @@ class HilpConfig:
     starting point within a time limit, and full recomputation (the fallback) can be many
     times slower than what TW-Remat finds in a fraction of a second. ``large_work_limit``
     replaces ``work_limit`` on graphs of more than ``large_above`` compute nodes (both or
-    neither): there one branch-and-bound node costs about a second (strong branching over
-    thousands of binaries), and the schedule a MILP ends with was, on every large one
-    measured, found at its root (docs/results.md, "Stop 53"); on small graphs the nodes are
-    cheap and do improve it."""
+    neither): there a branch-and-bound node is costly (strong branching over thousands of
+    binaries), and the composer polishes the schedules of the other paths, which recovers
+    most of what the nodes would add (docs/results.md, "Stop 53"); on small graphs the nodes
+    are cheap. The composer lifts the limit where no other path fits the budget."""
 
     backend: str = "highs"
     time_limit: float = SAFETY_TIME
