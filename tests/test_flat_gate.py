@@ -170,9 +170,12 @@ def test_the_large_graph_work_limit_holds_unless_nothing_else_fits(monkeypatch):
     from hiremate.ir.simulator import autodiff_schedule, simulate
 
     seen: list[dict] = []
-    monkeypatch.setattr(composer_flat, "flat_candidate",
-                        lambda name, params, graph, budget, hints=(): (seen.append(params)
-                                                                       or (None, None, "spy")))
+
+    def spy(name, params, graph, budget, hints=()):
+        seen.append(params)
+        return None, None, "spied"
+
+    monkeypatch.setattr(composer_flat, "flat_candidate", spy)
     graph = random_graph(3, 12)
     cfg = load_config("hiremate")
     assert cfg.solver_params["hilp"]["large_work_limit"] == 1

@@ -68,11 +68,11 @@ class HilpConfig:
     large_above: int | None = None
     large_work_limit: float | None = None
 
-    def work_for(self, n_nodes: int) -> float | None:
-        """The work limit of a MILP over a graph of ``n_nodes`` compute nodes."""
+    def work_key(self, n_nodes: int) -> str:
+        """Which setting limits a MILP over a graph of ``n_nodes`` compute nodes."""
         if self.large_above is not None and n_nodes > self.large_above:
-            return self.large_work_limit
-        return self.work_limit
+            return "large_work_limit"
+        return "work_limit"
 
 
 @dataclass
@@ -380,12 +380,13 @@ class HilpSolver:
             if hint_phases is not None:
                 hint = assignment(model, graph, hint_phases)
         cfg = self.config
+        work_key = cfg.work_key(len(graph.nodes))
+        work = getattr(cfg, work_key)
         res: MilpResult = solve_milp(
             model.milp, cfg.backend,
             max(cfg.time_limit - (time.perf_counter() - ws_start), 0.05 * cfg.time_limit),
             cfg.mip_gap, hint, cfg.threads,
-            pulp_solver=cfg.pulp_solver, work_limit=cfg.work_for(len(graph.nodes)),
-            seed=cfg.seed)
+            pulp_solver=cfg.pulp_solver, work_limit=work, seed=cfg.seed)
         log.info("%s/%s on %d nodes, budget %s: %s, objective %.6g in %.2fs (+%.2fs build)",
                  self.name, cfg.backend, len(graph.nodes), fmt_bytes(budget), res.status,
                  res.objective, res.solve_time, model.build_time)
@@ -399,8 +400,8 @@ class HilpSolver:
             if hint_phases is None:
                 exc = SolverError(
                     f"{self.name}/{cfg.backend} found no schedule within its limits "
-                    f"(work_limit {cfg.work_for(len(graph.nodes))}, time_limit {cfg.time_limit:g}s) for "
-                    f"{len(graph.nodes)} nodes; raise work_limit or time_limit, or partition "
+                    f"({work_key} {work}, time_limit {cfg.time_limit:g}s) for "
+                    f"{len(graph.nodes)} nodes; raise {work_key} or time_limit, or partition "
                     "the graph")
                 exc.timed_out = True  # neither a schedule nor a proof: menus skip the budget
                 raise exc
