@@ -18,7 +18,6 @@ Usage::
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import OrderedDict
 from typing import Any, Callable
@@ -51,14 +50,20 @@ from hiremate.ir.sequence import complete_effects
 log = logging.getLogger(__name__)
 
 
-@functools.cache
+#: holds :func:`_untraced_call`'s function once made (a plain global, not a cache decorator:
+#: Dynamo, tracing a compiled model that holds a wrapper, warns about cache wrappers)
+_UNTRACED: list[Any] = []
+
+
 def _untraced_call() -> Any:
     """``RematModule._run_call`` hidden from torch.compile: compiling a wrapper (or a model
     holding one) runs the schedule as it is, since its frees and reruns are what keep the step
     within its budget and a compiler free to fuse, reorder or deduplicate them would not keep
     them. Made once, by the first module built (outside any trace; capture has imported
     torch's compiler by then, which a plain ``import hiremate`` does not do, for a second)."""
-    return torch.compiler.disable(RematModule._run_call)
+    if not _UNTRACED:
+        _UNTRACED.append(torch.compiler.disable(RematModule._run_call))
+    return _UNTRACED[0]
 
 
 class RematModule(torch.nn.Module):
