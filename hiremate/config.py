@@ -262,7 +262,13 @@ def preset_names() -> list[str]:
 
 def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
                 **overrides: Any) -> Config:
-    """A :class:`Config` from a preset name, a YAML path, a dict or a Config, with overrides."""
+    """A :class:`Config` from a preset name, a YAML path, a dict or a Config, with overrides.
+
+    An override replaces the key it names, except ``solver_params``: there each solver's
+    parameters are merged into the base's, so that ``solver_params={"hilp": {"work_limit":
+    1000}}`` raises one limit and keeps the preset's other H-ILP parameters (its ``max_nodes``,
+    for one) and every other solver's. To drop a preset's parameter, pass the whole
+    configuration (a dict or a :class:`Config`) instead."""
     if config is None:
         config = "hiremate"
     if isinstance(config, Config):
@@ -282,4 +288,18 @@ def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
     else:
         raise ConfigError(f"config must be a preset name, a path, a dict or a Config, got "
                           f"{type(config).__name__}")
+    if isinstance(overrides.get("solver_params"), Mapping):
+        overrides["solver_params"] = _merged_solver_params(base.solver_params,
+                                                           overrides["solver_params"])
     return base.replace(**overrides) if overrides else base.replace()
+
+
+def _merged_solver_params(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given``'s parameters merged solver by solver into ``base``'s (a value that is not a
+    mapping is kept as it is, for :class:`Config`'s check to reject)."""
+    merged: dict[str, Any] = {name: dict(params) for name, params in base.items()}
+    for name, params in given.items():
+        old = merged.get(name)
+        both = isinstance(params, Mapping) and isinstance(old, Mapping)
+        merged[name] = {**old, **params} if both else params
+    return merged

@@ -43,6 +43,25 @@ def test_overrides_apply_and_validate():
         load_config("hiremate", n_jobs=0)
 
 
+def test_solver_params_overrides_merge_into_the_presets():
+    """Raising one H-ILP limit keeps the preset's other H-ILP parameters and every other
+    solver's (replacing the dict dropped the default's ``max_nodes`` and ``large_above``, so
+    the whole-graph MILP ran on graphs the preset keeps it off); a whole configuration given
+    as a dict still says everything itself."""
+    preset = load_config("hiremate")
+    cfg = load_config("hiremate", solver_params={"hilp": {"work_limit": 1000},
+                                                 "fastsa": {"seed": 3}})
+    assert cfg.solver_params["hilp"] == {**preset.solver_params["hilp"], "work_limit": 1000}
+    assert cfg.solver_params["fastsa"] == {"seed": 3}
+    for name in set(preset.solver_params) - {"hilp"}:
+        assert cfg.solver_params[name] == preset.solver_params[name]
+    assert preset.solver_params == load_config("hiremate").solver_params  # the base untouched
+    whole = {**preset.to_dict(), "solver_params": {"hilp": {"work_limit": 1000}}}
+    assert load_config(whole).solver_params == {"hilp": {"work_limit": 1000}}
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config("hiremate", solver_params={"hilp": 3})
+
+
 def test_unknown_key_lists_valid_keys():
     with pytest.raises(ConfigError, match=r"unknown configuration key.*'flavour'.*valid keys:.*bottom"):
         load_config({"flavour": 1})
