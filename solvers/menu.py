@@ -133,9 +133,12 @@ class InfeasibleBudgets:
 
     Why it is sound: a schedule within peak ``p`` and save ``s`` is within any looser pair,
     so where no schedule meets ``(p2, s2)`` none meets ``(p, s)`` with ``p <= p2`` and
-    ``s <= s2`` (no save bound counts as the loosest). Only a proof may be recorded (an exact
-    MILP's infeasible status), never a heuristic that found nothing or a time-out. A MILP
-    proving infeasibility near a subgraph's floor is among the slowest a menu solves."""
+    ``s <= s2`` (no save bound counts as the loosest). What is recorded is a proof (an exact
+    MILP's infeasible status), never a heuristic that found nothing; the one exception is
+    ``hilp-top``'s menus, which also record a MILP that found no schedule within its work
+    limit (the tighter budget's MILP, with the same limit, would spend as much to find
+    none). A MILP proving infeasibility near a subgraph's floor is among the slowest a menu
+    solves."""
 
     def __init__(self) -> None:
         self._proved: list[tuple[int, int | None]] = []

@@ -93,3 +93,66 @@ def test_an_inner_menu_skips_what_a_proof_settles_and_keeps_its_options(monkeypa
     every = solver.compose_menu(problem, budgets)
     assert solved_with_proofs < len(calls)
     assert _figures(skipping) == _figures(every)
+
+
+def test_an_inner_menu_budget_without_a_schedule_in_its_work_limit_settles_tighter_ones(
+        monkeypatch):
+    """``hilp-top``'s menus: a MILP that stops at its work limit with no schedule settles the
+    tighter saves of its peak as a proof does (their MILPs, with the same limit, would spend
+    as much again); its looser fallbacks are still tried, and other peaks are untouched."""
+    import math
+
+    from hiremate.partition import SequencePartition
+    from hiremate.solvers.hilp.top import HilpTop, TopSolution
+    from test_hilp_hier import problem_of
+    from test_registry import residual_chain
+
+    problem = problem_of(residual_chain(3), SequencePartition())
+    tr = trace(problem.graph, autodiff_schedule(problem.graph))
+    low, high = tr.peak * 7 // 10, tr.peak
+    tight, loose = tr.peak // 8, tr.peak // 2
+    budgets = [(p, s) for p in (low, high) for s in (tight, loose)]
+    real = HilpTop.solve_at
+    calls: list[tuple[int, int | None]] = []
+
+    def stopped_at_low(self, problem, top, abstract, *args, save_budget=None, **kwargs):
+        calls.append((abstract, save_budget))
+        if abstract == low:  # as if the work limit ran out before any schedule
+            return TopSolution(abstract, "time_limit", math.inf, -math.inf, 0.0, [], [], None)
+        return real(self, problem, top, abstract, *args, save_budget=save_budget, **kwargs)
+
+    monkeypatch.setattr(HilpTop, "solve_at", stopped_at_low)
+    HilpTop(work_limit=50, time_limit=60.0, refine_rounds=0).compose_menu(problem, budgets)
+    assert (low, loose) in calls and (low, tight) not in calls  # settled, not solved
+    assert (2 * high, loose) in calls and (2 * high, tight) in calls  # the loose fallbacks
+    assert (high, loose) in calls and (high, tight) in calls
+
+
+def test_menu_work_is_the_limit_of_menu_milps_only(monkeypatch):
+    """``menu_work`` reaches every menu MILP (the warm-start completions, which fix a plan's
+    columns, keep ``work_limit``); the top-level solve keeps ``work_limit``; a limit that is
+    not positive is a ConfigError."""
+    from hiremate.errors import ConfigError
+    from hiremate.partition import SequencePartition
+    from hiremate.solvers.hilp.top import HilpTop
+    from test_hilp_hier import problem_of
+    from test_registry import residual_chain
+
+    problem = problem_of(residual_chain(3), SequencePartition())
+    peak = trace(problem.graph, autodiff_schedule(problem.graph)).peak
+    limits: list[float | None] = []
+
+    def spy(self, problem, top, abstract, *args, work_limit=None, **kwargs):
+        limits.append(work_limit)
+        return real(self, problem, top, abstract, *args, work_limit=work_limit, **kwargs)
+
+    real = HilpTop.solve_at
+    monkeypatch.setattr(HilpTop, "solve_at", spy)
+    solver = HilpTop(work_limit=50, time_limit=60.0, refine_rounds=0, menu_work=3)
+    solver.compose_menu(problem, [(peak, peak // 2), (peak * 7 // 10, peak // 2)])
+    assert limits and set(limits) == {3.0}
+    limits.clear()
+    solver.compose(problem, peak)
+    assert limits and set(limits) == {None}  # None: the solver's own work_limit
+    with pytest.raises(ConfigError, match="menu_work"):
+        HilpTop(menu_work=0)

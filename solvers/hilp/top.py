@@ -82,7 +82,8 @@ class HilpTop:
                  backend: str = "highs", threads: int = 1, checkpoint: bool = True,
                  refine_rounds: int = 1, refine_min: int = 8, refine_time: float = SAFETY_TIME,
                  pulp_solver: str = "auto", work_limit: float | None = None, seed: int = 0,
-                 refine_solves: int = 16, refine_work: float | None = None, workers: int = 1):
+                 refine_solves: int = 16, refine_work: float | None = None, workers: int = 1,
+                 menu_work: float | None = None):
         """``backend``: the MILP backend (:data:`~hiremate.solvers.hilp.backends.BACKENDS`;
         with ``pulp``, ``pulp_solver`` names PuLP's solver, e.g. ``CBC``). ``work_limit``:
         per top-level MILP, in the backend's deterministic unit
@@ -94,7 +95,9 @@ class HilpTop:
         round, each with ``refine_work`` (None: the default work limit) and a wall-clock cap
         of ``refine_time`` seconds. ``workers``: threads that solve a round of the top-level
         search at once (the composer passes the configuration's cores; the schedule does not
-        depend on them)."""
+        depend on them). ``menu_work``: the work limit of each MILP of a subgraph's menu
+        (:meth:`compose_menu`; None: ``work_limit``); a menu has many MILPs, each of which
+        finds its schedule at the root as a rule, while the top-level solve has one budget."""
         from hiremate.solvers.hilp.backends import BACKENDS
 
         if backend not in BACKENDS:
@@ -118,6 +121,10 @@ class HilpTop:
         self.refine_solves = int(refine_solves)
         self.refine_work = None if refine_work is None else float(refine_work)
         self.workers = max(int(workers), 1)
+        if menu_work is not None and not float(menu_work) > 0:
+            raise ConfigError(f"hilp-top: menu_work={menu_work} must be a positive work limit "
+                              "(or null for work_limit)")
+        self.menu_work = None if menu_work is None else float(menu_work)
 
     def applicable(self, graph: Graph) -> bool:
         return True
@@ -132,14 +139,16 @@ class HilpTop:
 
     def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int,
                  start_from: TopSolution | None = None,
-                 mem_unit: float | None = None, save_budget: int | None = None) -> TopSolution:
+                 mem_unit: float | None = None, save_budget: int | None = None,
+                 work_limit: float | None = None) -> TopSolution:
         """Solve the MILP of ``top`` under ``abstract`` bytes; translate and simulate.
         ``start_from``: a solution of a model of the same top graph, at most as many options
         per block, the same ``mem_unit`` and a budget no higher, offered to the backend as a
         starting point (it satisfies the new model, so a time-limited solve can only improve
         on it). ``mem_unit``: the memory scale of the model (default:
         :meth:`memory_unit` of ``abstract``). ``save_budget``: the bound on the memory held
-        just before the loss node runs (:func:`build_hier_model`)."""
+        just before the loss node runs (:func:`build_hier_model`). ``work_limit``: the MILP's,
+        if not the solver's."""
         from hiremate.ir.sequence import sequence_to_schedule
 
         start = time.perf_counter()
@@ -151,7 +160,7 @@ class HilpTop:
             starts.append(carry_solution(start_from.model, start_from.x, hm))
         starts = [x for x in starts if x is not None]
         hint = min(starts, key=lambda x: float(hm.milp.c @ x)) if starts else None
-        res = self._milp(hm.milp, hint)
+        res = self._milp(hm.milp, hint, work_limit)
         if hint is not None and (not res.has_solution
                                  or res.objective > float(hm.milp.c @ hint) + 1e-9 * abs(res.objective)):
             # a limit stopped the MILP without reaching its warm start (a backend that takes
@@ -168,11 +177,13 @@ class HilpTop:
         return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim,
                            hm, res.x)
 
-    def _milp(self, milp, hint=None):
-        """One top-level MILP with this solver's backend and limits."""
+    def _milp(self, milp, hint=None, work_limit: float | None = None):
+        """One top-level MILP with this solver's backend and limits (``work_limit``: this
+        one's, if not the solver's)."""
         return solve_milp(milp, self.backend, self.time_limit, self.mip_gap, hint,
                           threads=self.threads, pulp_solver=self.pulp_solver,
-                          work_limit=self.work_limit, seed=self.seed)
+                          work_limit=self.work_limit if work_limit is None else work_limit,
+                          seed=self.seed)
 
     def compose(self, problem: "TopProblem", budget: int, save_budget: int | None = None
                 ) -> tuple[list["Candidate"], int | None]:
@@ -257,7 +268,9 @@ class HilpTop:
         found: dict[int, Option] = {}
         tried: set[tuple] = set()
         # every MILP here has one memory scale, so a budget proved infeasible settles the
-        # tighter ones: the saves of a peak are solved loosest first, the options kept in order
+        # tighter ones: the saves of a peak are solved loosest first, the options kept in order.
+        # A budget whose MILP found no schedule within its work limit settles them too: a
+        # tighter one, with the same limit, would only spend as much again to find none
         proved = InfeasibleBudgets()
         for i in loosest_first(budgets):
             peak, save = budgets[i]
@@ -268,13 +281,14 @@ class HilpTop:
                     continue
                 tried.add(key)
                 if proved.settles(*key):  # sol stays the last try's, which had no schedule
-                    log.debug("hilp-top menu: budget %s: infeasible (a looser one is)", key)
+                    log.debug("hilp-top menu: budget %s: settled (a looser one had no schedule)",
+                              key)
                     continue
-                sol = self.solve_at(problem, top, p_try, mem_unit=unit, save_budget=key[1])
+                sol = self.solve_at(problem, top, p_try, mem_unit=unit, save_budget=key[1],
+                                    work_limit=self.menu_work)
                 if sol.sim is not None:
                     break
-                if sol.status == "infeasible":
-                    proved.add(*key)
+                proved.add(*key)  # infeasible, or no schedule within the work limit
                 log.debug("hilp-top menu: budget %s: %s", key, sol.status)
             if sol is None or sol.sim is None:
                 continue
