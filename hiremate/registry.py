@@ -113,7 +113,9 @@ def make_solver(name: str, params: dict[str, Any] | None = None) -> Any:
     cls = solver_class(name)
     try:
         solver = cls(**(params or {}))
-    except TypeError as exc:
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:  # a wrong name, or a value of the wrong kind
         raise ConfigError(f"bad parameters for solver {name!r}: {exc}") from exc
     if not getattr(solver, "name", None):
         solver.name = name

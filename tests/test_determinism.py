@@ -107,9 +107,9 @@ def test_hilp_top_never_returns_worse_than_its_plan(monkeypatch):
     cfg = load_config("hilp", flat_max_nodes=0, n_jobs=1, **QUIET)
     real = top.HilpTop._milp
 
-    def stalled(self, milp, hint=None):
+    def stalled(self, milp, hint=None, work_limit=None):
         if hint is None:  # completing the plan's point: the real backend
-            return real(self, milp)
+            return real(self, milp, None, work_limit)
         return MilpResult("unknown", None, math.inf, -math.inf, 0.0, self.backend, "work")
 
     monkeypatch.setattr(top.HilpTop, "_milp", stalled)

@@ -156,3 +156,7 @@ def test_menu_work_is_the_limit_of_menu_milps_only(monkeypatch):
     assert limits and set(limits) == {None}  # None: the solver's own work_limit
     with pytest.raises(ConfigError, match="menu_work"):
         HilpTop(menu_work=0)
+    from hiremate.registry import make_solver
+
+    with pytest.raises(ConfigError, match="bad parameters for solver 'hilp-top'"):
+        make_solver("hilp-top", {"menu_work": "root"})  # float('root'): not a bare ValueError

@@ -270,7 +270,8 @@ class HilpTop:
         # every MILP here has one memory scale, so a budget proved infeasible settles the
         # tighter ones: the saves of a peak are solved loosest first, the options kept in order.
         # A budget whose MILP found no schedule within its work limit settles them too: a
-        # tighter one, with the same limit, would only spend as much again to find none
+        # tighter one, with the same limit, would only spend as much again to find none (so
+        # does one its wall-clock cap stopped, a result that already depends on the load)
         proved = InfeasibleBudgets()
         for i in loosest_first(budgets):
             peak, save = budgets[i]
@@ -288,7 +289,7 @@ class HilpTop:
                                     work_limit=self.menu_work)
                 if sol.sim is not None:
                     break
-                proved.add(*key)  # infeasible, or no schedule within the work limit
+                proved.add(*key)  # infeasible, or no schedule within the limits
                 log.debug("hilp-top menu: budget %s: %s", key, sol.status)
             if sol is None or sol.sim is None:
                 continue
