@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 import hiremate
 from hiremate import zoo
-from hiremate.config import Config, load_config
+from hiremate.config import Config, load_config, merge_mappings
 from hiremate.ir.graph import Graph
 
 log = logging.getLogger("bench.paper")
@@ -62,20 +62,12 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra`` over ``base``, mappings merged key by key (other values replaced)."""
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def make_config(config: str = "hiremate", sets: list[str] | None = None,
                 **defaults: Any) -> Config:
     """The preset (or YAML file) ``config`` with the benchmark's ``defaults`` (cache off, no
     calibration...) and then the user's ``--set`` overrides merged over it."""
     data = load_config(config).to_dict()
-    data = _merge(_merge(data, defaults), parse_sets(sets))
+    data = merge_mappings(merge_mappings(data, defaults), parse_sets(sets))
     return Config.from_dict(data)
 
 

@@ -289,17 +289,18 @@ def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
         raise ConfigError(f"config must be a preset name, a path, a dict or a Config, got "
                           f"{type(config).__name__}")
     if isinstance(overrides.get("solver_params"), Mapping):
-        overrides["solver_params"] = _merged_solver_params(base.solver_params,
-                                                           overrides["solver_params"])
+        overrides["solver_params"] = merge_mappings(base.solver_params,
+                                                    overrides["solver_params"])
     return base.replace(**overrides) if overrides else base.replace()
 
 
-def _merged_solver_params(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """``given``'s parameters merged solver by solver into ``base``'s (a value that is not a
-    mapping is kept as it is, for :class:`Config`'s check to reject)."""
-    merged: dict[str, Any] = {name: dict(params) for name, params in base.items()}
-    for name, params in given.items():
-        old = merged.get(name)
-        both = isinstance(params, Mapping) and isinstance(old, Mapping)
-        merged[name] = {**old, **params} if both else params
-    return merged
+def merge_mappings(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``extra`` over ``base``, mappings merged key by key at every depth, other values
+    replaced (a value that is not a mapping is kept as it is, for :class:`Config`'s checks to
+    reject where it does not belong)."""
+    out = dict(base)
+    for key, value in extra.items():
+        old = out.get(key)
+        both = isinstance(value, Mapping) and isinstance(old, Mapping)
+        out[key] = merge_mappings(old, value) if both else value
+    return out

@@ -272,7 +272,7 @@ class HilpTop:
         # A budget whose MILP found no schedule within its work limit settles them too: a
         # tighter one, with the same limit, would only spend as much again to find none (so
         # does one its wall-clock cap stopped, a result that already depends on the load)
-        proved = InfeasibleBudgets()
+        settled = InfeasibleBudgets()
         for i in loosest_first(budgets):
             peak, save = budgets[i]
             sol = None
@@ -281,7 +281,7 @@ class HilpTop:
                 if key in tried:
                     continue
                 tried.add(key)
-                if proved.settles(*key):  # sol stays the last try's, which had no schedule
+                if settled.settles(*key):  # sol stays the last try's, which had no schedule
                     log.debug("hilp-top menu: budget %s: settled (a looser one had no schedule)",
                               key)
                     continue
@@ -289,7 +289,7 @@ class HilpTop:
                                     work_limit=self.menu_work)
                 if sol.sim is not None:
                     break
-                proved.add(*key)  # infeasible, or no schedule within the limits
+                settled.add(*key)  # infeasible, or no schedule within the limits
                 log.debug("hilp-top menu: budget %s: %s", key, sol.status)
             if sol is None or sol.sim is None:
                 continue
