@@ -56,7 +56,7 @@ from paper_common import PAPER_TABLE3C, make_config, moved  # noqa: E402
 log = logging.getLogger("bench.paper_gpu")
 
 #: (width, batch) per paper model on a GPU: the depths stay the paper settings'. The FNOs'
-#: are larger than in the first run (fno1d 64, 512 and fno3d 32, 64, docs/results.md "Stop
+#: are larger than in the first run (fno1d 64, 512 and fno3d 32, 64, docs/results-history.md "Stop
 #: 38"), where their steps stayed bound by launches.
 GPU_SCALE: dict[str, tuple[int, int]] = {
     "gpt-24": (768, 64),

@@ -4,7 +4,7 @@ smaller top (``coarser_tops``, :func:`hiremate.composer.solve._hierarchical_path
 Why it exists: on the FNO3d of the paper's Table 3 (captured with two threads) the top of 8
 parts cuts each Fourier layer into its two branches, and no choice of the parts' options fits
 the budget; a top of 4 keeps whole layers in one part, whose inner H-ILP chooses across the
-branches (docs/results.md, "Stop 39")."""
+branches (docs/results-history.md, "Stop 39")."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the MILP waits for them (:func:`gated_flat_hilp`) and runs only where their best
 leaves more than that fraction to the moment bound
 (:func:`~hiremate.solvers.hilp.moment_bound.moment_time_bound`), which no in-order schedule
 beats: where the bound leaves little to win, the MILP cannot win more. Figures:
-docs/results.md, "Stop 45".
+docs/results-history.md, "Stop 45".
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def deferred_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths,
     schedule of each of the ``hints`` fastest sources. Started cold, its only warm start
     would be full recomputation: the zoo UNet at 0.35 spent its whole work limit (two
     minutes) near that start, and then :func:`rewarm_flat` ran it again from the
-    hierarchy's schedule (docs/results.md). This is that second run without the first. When
+    hierarchy's schedule (docs/results-history.md). This is that second run without the first. When
     no path found any schedule, it runs with its whole work limit (:func:`whole_work`)."""
     starts = [c.schedule for c in fastest_per_source(found.candidates, hints)]
     t0 = time.perf_counter()
@@ -224,7 +224,7 @@ def rewarm_flat(graph: Graph, budget: int, cfg: Any, found: Paths,
     """The flat H-ILP once more, warm-started from the ``hints`` fastest schedules of the other
     paths, when they beat its own and it proved nothing: within its work limit a MILP seldom
     leaves its warm start's neighbourhood, and TW-Remat's, its own, can be far from the best
-    (the FNOs: docs/results.md). Its schedule joins the candidates as ``hilp:rewarm``."""
+    (the FNOs: docs/results-history.md). Its schedule joins the candidates as ``hilp:rewarm``."""
     own = [c for c in found.candidates if c.source == "hilp"]  # none unless hilp is in flat
     if not own or own[0].detail.get("optimal"):
         return

@@ -233,11 +233,11 @@ class CallCache(MenuCache):
     """The cache of one :func:`hiremate.api.solve_graph` call when the disk cache is off:
     entries live in memory and die with the call. Why: a whole-step solve may solve the same
     graph again at a lower budget (the loss's memory, the generator states), and its menus do
-    not depend on the budget, so a retry need not solve every subgraph again (docs/results.md,
-    GPT-96). Values go through JSON as on disk, so every reader decodes exactly what it would
-    have read from a file. ``enabled`` stays False: the schedule pool and schedule reuse,
-    which carry schedules from one budget to another, remain off as the caller asked; only
-    what ``get`` and ``put`` hold (menus, per-budget answers) is kept."""
+    not depend on the budget, so a retry need not solve every subgraph again
+    (docs/results-history.md, GPT-96). Values go through JSON as on disk, so every reader
+    decodes exactly what it would have read from a file. ``enabled`` stays False: the schedule
+    pool and schedule reuse, which carry schedules from one budget to another, remain off as the
+    caller asked; only what ``get`` and ``put`` hold (menus, per-budget answers) is kept."""
 
     def __init__(self) -> None:
         super().__init__(directory=None, enabled=False)

@@ -13,7 +13,7 @@ Why each state is counted from the loss to the last backward node that may need 
 not from the op's first run or to the end: a value the op made would be made again by its
 reruns (a state cannot be), a node of its own that keeps it is an output producer that the
 solvers place badly, and states kept to the end cost schedules much more than the walk they
-replace (docs/results.md, "Stop 36", has the figures of each).
+replace (docs/results-history.md, "Stop 36", has the figures of each).
 """
 
 from __future__ import annotations

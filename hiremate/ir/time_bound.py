@@ -17,7 +17,7 @@ values, left out, bring the rest within that room: a knapsack, bounded below by 
 relaxation (producers taken in increasing order of time per byte). Each moment gives a bound
 on the extra runs, the largest of them bounds the schedule's time above running every node
 once. The bound ignores what a rerun itself needs (its inputs alive, perhaps rerun too), so it
-can be loose where recomputation cascades (convolution chains; docs/results.md compares it
+can be loose where recomputation cascades (convolution chains; docs/results-history.md compares it
 with a proven optimum); it is exact when the budget leaves room for everything.
 :mod:`hiremate.solvers.hilp.moment_bound` adds those needs, with an LP per moment (the IR has
 no solver), and is the bound the benchmarks and the solve report give.

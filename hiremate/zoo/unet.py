@@ -12,7 +12,7 @@ rather than the original 3x3 convolution straight on the concatenation: on CPU, 
 ``9 x in_channels x H x W`` values. In the original layout the top decoder convolution reads
 ``2 x width`` channels at full resolution, so that buffer, with the convolution's input and
 output, is most of the autodiff peak *at any size*: width, batch, image size and depth scale
-both sides alike (the measured floors are in docs/results.md, notes on "unet"). No schedule
+both sides alike (the measured floors are in docs/results-history.md, notes on "unet"). No schedule
 can then go below that, which makes the model a test of one convolution's scratch buffer
 rather than of the network's activations. With the merge, every 3x3 convolution reads at most
 ``width`` channels at full resolution, so the largest single-node need is well below half the

@@ -281,7 +281,7 @@ def objective_scale(c: np.ndarray) -> float:
     ops take a small fraction of a millisecond, and HiGHS's absolute tolerances (its dual
     feasibility tolerance) then blur the reduced costs that decide its branching and bounds;
     it warns of such "excessively small costs". Scaled, the same model is solved to the same
-    optimum with better-conditioned LPs (docs/results.md, stop 50, has the work saved)."""
+    optimum with better-conditioned LPs (docs/results-history.md, stop 50, has the work saved)."""
     nonzero = np.abs(np.asarray(c, dtype=float))
     nonzero = nonzero[nonzero > 0]
     if not nonzero.size or not np.all(np.isfinite(nonzero)):

@@ -52,7 +52,7 @@ class HilpConfig:
     replaces ``work_limit`` on graphs of more than ``large_above`` compute nodes (both or
     neither): there a branch-and-bound node is costly (strong branching over thousands of
     binaries), and the composer polishes the schedules of the other paths, which recovers
-    most of what the nodes would add (docs/results.md, "Stop 53"); on small graphs the nodes
+    most of what the nodes would add (docs/results-history.md, "Stop 53"); on small graphs the nodes
     are cheap. The composer lifts the limit where no other path fits the budget."""
 
     backend: str = "highs"
