@@ -215,8 +215,9 @@ class _Emitter:
         keep: set[str] = set()
         for d in node.outputs:
             keep.update(self.names_of(d))
+        ops = list(enumerate(node.ops)) if first else self._rerun_ops(node, keep)
         last_use: dict[str, int] = {}
-        for i, op in enumerate(node.ops):
+        for i, op in ops:
             for r in op.refs():
                 last_use[r] = i
         local: set[str] = set()
@@ -225,12 +226,14 @@ class _Emitter:
         if rng is not None:
             self.lines.append(f"    _rng_save(C, {rng})" if first
                               else f"    _tok = _rng_replay(C, {rng})")
-        for i, op in enumerate(node.ops):
-            # a model output made again while the caller holds its first copy: the new copy
-            # is dropped at once and the first one read from here on (the same value; a
-            # rebinding would leave both allocated to the end of the step, where the
-            # simulator counts two copies only while the step runs)
-            again = (not first and op.out in self.caller_held
+        for i, op in ops:
+            # a model output made again while the caller holds its first copy, or a parameter
+            # gradient made again beside the first (which the executor returns at the end):
+            # the new copy is dropped at once and the first one read from here on (the same
+            # value; a rebinding would leave both allocated, the first until the caller's
+            # copy or the end of the step, where the simulator counts two copies only while
+            # the step runs and a parameter's gradient not at all)
+            again = (not first and (op.out in self.caller_held or self._param_grad(op.out))
                      and (op.out in self.bound or op.out in self.inherited))
             line = self.op_line(op, node, recompute=not first, out="_again" if again else None)
             self.lines.append("    " + line)
@@ -252,6 +255,26 @@ class _Emitter:
             self.runs_left[node.id] -= 1
             if self.runs_left[node.id] == 1:  # the last replay: its saved state is not needed
                 self.lines.append(f"    _rng_release(C, {rng})")
+
+    def _param_grad(self, name: str) -> bool:
+        owner = self.owner.get(name)
+        return owner is not None and self.graph.data[owner].kind is DataKind.PARAM_GRAD
+
+    def _rerun_ops(self, node: ComputeNode, keep: set[str]) -> list[tuple[int, Op]]:
+        """The ops of a rerun of ``node``, with their indices: those that its outputs other
+        than parameter gradients need (and any op that writes a buffer). Why: a backward node
+        rerun for its input gradient would compute its parameters' gradients again, which the
+        first run made and the executor holds to the end (a rerun of a layer's backward then
+        cost a weight-sized tensor and a matrix product for nothing)."""
+        needed = {n for n in keep if not (self._param_grad(n) and (
+            n in self.bound or n in self.inherited))}  # a deleted one is made again
+        chosen = []
+        for i in range(len(node.ops) - 1, -1, -1):
+            op = node.ops[i]
+            if op.out in needed or op.mutated_args or op.random:
+                chosen.append((i, op))
+                needed.update(op.refs())
+        return chosen[::-1]
 
     def op_line(self, op: Op, node: ComputeNode, recompute: bool, out: str | None = None) -> str:
         out = out or self.ident(op.out)
