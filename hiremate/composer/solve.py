@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hiremate.composer.flat import (
@@ -69,11 +69,22 @@ log = logging.getLogger(__name__)
 
 
 # -- the whole solve ----------------------------------------------------------------------------------
+#: How many of a solve's other candidates its result keeps (:attr:`SolveResult.others`)
+OTHERS_KEPT = 16
+
+
 @dataclass
 class SolveResult:
+    """The fastest schedule within the budget, its simulation and the solve's report.
+    ``others``: the solve's other candidates within the budget, fastest first (at most
+    :data:`OTHERS_KEPT`), for a caller whose rule is stricter than the graph's simulation: the
+    whole step (:mod:`hiremate.composer.whole_step`) takes the fastest of them that fits it when
+    the winner does not, instead of another solve."""
+
     schedule: Schedule
     sim: SimulationResult
     report: dict[str, Any]
+    others: list[Candidate] = field(default_factory=list)
 
 
 def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
@@ -148,7 +159,9 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
     best = _best(found, report, ad)
     report["solve_time"] = time.perf_counter() - start
     cache.put(top_key, encode_solve(best.schedule, report))
-    return SolveResult(best.schedule, best.sim, report)
+    others = sorted((c for c in found.candidates if c is not best),
+                    key=lambda c: (c.sim.time, c.sim.peak))
+    return SolveResult(best.schedule, best.sim, report, others[:OTHERS_KEPT])
 
 
 def _early_flat(graph: Graph, budget: int, cfg: Any, found: Paths, gated: bool

@@ -12,8 +12,10 @@ sweeps) gets the same rule.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from hiremate.composer.step_view import rng_state_reserve, step_view
@@ -118,6 +120,27 @@ def _finished(graph: Graph, result: Any, budget: int, start: float, solves: int,
     return result
 
 
+def fitting_other(graph: Graph, result: Any, budget: int, loss_bytes: int,
+                  schedule_of: Any = None):
+    """The fastest of ``result.others`` (the solve's other candidates) whose whole step fits
+    ``budget``, as a result with its own figures (the solve's report otherwise), or None.
+    Why: a solve's winner may overflow the step where a slower candidate of the same solve
+    fits, e.g. when a polish reruns a random op in the forward and so keeps its generator
+    state there, which the solvers' view counts only from the loss; taking that candidate
+    costs no solve. ``schedule_of``: the view's schedule as the graph's (None: the same)."""
+    for cand in getattr(result, "others", ()):
+        schedule = cand.schedule if schedule_of is None else schedule_of(cand.schedule)
+        if step_peak(graph, schedule, loss_bytes) > budget:
+            continue
+        report = {k: v for k, v in result.report.items() if k != "block_solvers"}
+        report.update(solver=cand.source, step_overflow_winner=result.report.get("solver"))
+        other = copy.copy(result)
+        other.schedule, other.sim, other.report, other.others = schedule, cand.sim, report, []
+        whole_step_report(graph, other, budget, loss_bytes)
+        return other
+    return None
+
+
 def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any,
                      loss_bytes: int):
     """``solve`` within ``budget`` for the whole step (:func:`hiremate.ir.simulator.step_peak`:
@@ -127,11 +150,14 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     counted from the loss to the last node that may need the op rerun, which fits in one
     solve unless the states alone are dear; when that view has no schedule within the budget,
     or its schedule peaks in the forward with a state kept there, by the walk over the view
-    without the states (:func:`_walk`). The report's ``solve_time`` is the whole step's, and
-    :func:`_finished` adds how many solves it took and the bound on the time."""
-    start, solves = time.perf_counter(), 0
+    without the states (:func:`_walk`). Of an overflowing solve, the fastest other candidate
+    that fits the step (:func:`fitting_other`) is kept: the walk's result replaces it only
+    when faster, and it is the answer when the walk finds nothing. The report's
+    ``solve_time`` is the whole step's, and :func:`_finished` adds how many solves it took
+    and the bound on the time."""
+    start, walk = time.perf_counter(), _Walk()
     if rng_state_reserve(graph):
-        solves += 1
+        walk.solves += 1
         view = step_view(graph, loss_bytes, rng_states=True)
         try:
             result = solve(view.graph, budget, cfg, cache)
@@ -142,15 +168,39 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
         else:
             peak = whole_step_report(graph, result, budget, loss_bytes)
             if peak <= budget:
-                return _finished(graph, result, budget, start, solves, loss_bytes)
+                return _finished(graph, result, budget, start, walk.solves, loss_bytes)
             log.info("whole step %s over %s with the generator states counted from the "
                      "loss (a state kept through the forward); walking down",
                      fmt_bytes(peak - budget), fmt_bytes(budget))
-    return _walk(graph, budget, cfg, cache, solve, loss_bytes, start, solves)
+            walk.keep(fitting_other(graph, result, budget, loss_bytes, view.schedule_of))
+    try:
+        result = _walk(graph, budget, cfg, cache, solve, loss_bytes, walk)
+    except InfeasibleBudgetError as exc:
+        if not walk.fits:
+            raise
+        log.info("the walk found no schedule of the step within %s (%s); the fastest "
+                 "candidate of an earlier solve that fits is taken", fmt_bytes(budget), exc)
+        result = None
+    found = [r for r in (result, *walk.fits) if r is not None]
+    best = found[0] if len(found) == 1 else min(found, key=lambda r: r.sim.time)
+    return _finished(graph, best, budget, start, walk.solves, loss_bytes)
+
+
+@dataclass
+class _Walk:
+    """What the solves of one whole step have counted: ``solves``; ``fits``: a candidate of
+    each overflowing solve that fits the step (:func:`fitting_other`)."""
+
+    solves: int = 0
+    fits: list[Any] = field(default_factory=list)
+
+    def keep(self, result: Any) -> None:
+        if result is not None:
+            self.fits.append(result)
 
 
 def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_bytes: int,
-          start: float, solves: int):
+          walk: _Walk):
     """Solve the view without the generator states (:mod:`~hiremate.composer.step_view`) at
     the budget (less all of them when they cost at most :data:`CHEAP_RESERVE` of it), then,
     while the step overflows, below both the budget less what overflowed and the peak the
@@ -158,7 +208,7 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
     that is above), and at last with room for every state at once. The walk is hastened
     (:func:`_hastened`): each retry is a whole solve; and a budget at or below one at which
     the solvers failed ends the walk without another solve. Without random ops it is one
-    solve."""
+    solve. ``walk`` counts the solves and keeps each overflowing solve's fitting candidate."""
     view = step_view(graph, loss_bytes, rng_states=False).graph  # the graph's ids
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
@@ -172,7 +222,7 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
                 # the solvers failed at this budget or a higher one already: solving again
                 # (H-ILP's proof of infeasibility is its slowest solve) would end the same way
                 raise failed[1]
-            solves += 1
+            walk.solves += 1
             result = solve(view, budget - reserves[-1], cfg, cache)
         except InfeasibleBudgetError as exc:
             if failed is None or budget - reserves[-1] > failed[0]:
@@ -191,7 +241,8 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
                 min_budget=low + full if low else None) from exc
         peak = whole_step_report(graph, result, budget, loss_bytes)
         if peak <= budget:
-            return _finished(graph, result, budget, start, solves, loss_bytes)
+            return result
+        walk.keep(fitting_other(graph, result, budget, loss_bytes))
         # an exact solver's fastest schedule stays the fastest at every budget down to the peak
         # it sees, so the next budget goes below that peak (not a walk down by the overflow)
         seen = simulate(view, result.schedule).peak
@@ -201,9 +252,10 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
         log.info("whole step %s over %s with %s reserved; next reserve %s", *map(
             fmt_bytes, (peak - budget, budget, reserves[-1], reserve)))
         if reserve >= budget or reserve <= reserves[-1]:
+            walk.solves += 1
             kept = without_random_reruns(graph, view, budget, cfg, solve, loss_bytes)
             if kept is not None:
-                return _finished(graph, kept, budget, start, solves + 1, loss_bytes)
+                return kept
             raise InfeasibleBudgetError(
                 f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
                 f"random-generator states it keeps, above the budget {fmt_bytes(budget)}; "
