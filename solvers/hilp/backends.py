@@ -275,6 +275,14 @@ LARGE_LP_COLUMNS = 100_000
 HIGHS_ABS_GAP = 1e-6
 
 
+#: HiGHS's options beyond the limits: RINS (a sub-MIP around the incumbent and the LP point)
+#: off. On the hierarchical MILPs it took a large share of a root node's time (the menus'
+#: MILPs stop at the root) and found no better schedule than HiGHS's other heuristics and the
+#: warm start; RENS, which also costs much, stays on: without it UNet's top-level MILP lost
+#: its best schedule (docs/results.md, "Solve times", has both measurements)
+HIGHS_HEURISTICS = {"mip_heuristic_run_rins": False}
+
+
 def objective_scale(c: np.ndarray) -> float:
     """The factor HiGHS's objective is multiplied by: one over the mean magnitude of the
     nonzero costs, so that a typical cost is 1. Why: the H-ILP objectives are in seconds, most
@@ -322,6 +330,8 @@ def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResu
     h.setOptionValue("mip_feasibility_tolerance", 1e-7)
     h.setOptionValue("threads", 1)
     h.setOptionValue("random_seed", int(seed) % 2**31)
+    for option, value in HIGHS_HEURISTICS.items():
+        h.setOptionValue(option, value)
     h.setOptionValue("mip_max_nodes", int(min(max(work, 1), 2**31 - 1)))
     if relax and A.shape[1] > LARGE_LP_COLUMNS:
         # the simplex does not finish the relaxations of graphs of a few hundred compute
