@@ -91,39 +91,16 @@ def test_a_recomputed_model_output_does_not_keep_a_second_copy() -> None:
     beside the caller's: the simulator counts the two copies only while the step runs. While
     the executor kept it, GPT2 at its memory floor measured a logits-sized tensor (16 MiB,
     1.25x its budget) above its prediction."""
-    import torch
-    from torch import nn
-
-    from hiremate import zoo
-    from hiremate.ir.graph import DataKind
     from hiremate.ir.schedule import Compute
-    from hiremate.ir.simulator import step_peak, simulate
-    from hiremate.runtime.measurement import loss_memory
+    from hiremate.ir.simulator import simulate
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4096), nn.ReLU(),
-                          nn.Linear(4096, 256))
-    x = torch.randn(64, 32)
-    graph = hiremate.build_graph(model, (x,), cost_model="flops")
-    autodiff = hiremate.autodiff_schedule(graph)
+    model, x, graph, autodiff = _mlp(64, 32, 256, 4096, 256)
     out = graph.outputs[0]
     producer = graph.data[out].producer
     cut = next(i for i, s in enumerate(autodiff) if isinstance(s, Compute) and s.node == graph.loss)
     schedule = autodiff[:cut + 1] + (Compute(producer),) + autodiff[cut + 1:]
     assert simulate(graph, schedule).valid
-    remat = RematModule(model, graph, schedule)
-    tangent = next(d for d in graph.data if d.kind is DataKind.TANGENT)
-    loss_bytes = loss_memory(model, (x,), zoo.output_loss, tangent.size)
-    predicted = step_peak(graph, remat.schedule, loss_bytes)
-    measured = hiremate.measure(remat, x, loss_fn=zoo.output_loss, repeats=1, warmup=0).peak
-    assert measured <= predicted + 16, f"measured {measured} B, predicted {predicted} B"
-    grads = []
-    for module in (model, remat):  # the step still gives eager's output and gradients
-        module.zero_grad(set_to_none=True)
-        y = module(x)
-        zoo.output_loss(y).backward()
-        grads.append([y.detach()] + [p.grad.clone() for p in model.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    _measured_within_prediction_and_exact(model, graph, schedule, x)
 
 
 def test_a_rerun_backward_node_does_not_make_its_parameter_gradients_again() -> None:
@@ -133,21 +110,11 @@ def test_a_rerun_backward_node_does_not_make_its_parameter_gradients_again() -> 
     run to the rerun: OPT from configs measured 1.2x its predicted peak) or wasted a matrix
     product. The prediction, which counts no parameter gradient, then holds, and the
     gradients stay eager's."""
-    import torch
-    from torch import nn
-
-    from hiremate import zoo
     from hiremate.ir.graph import DataKind
     from hiremate.ir.schedule import Compute, Delete
-    from hiremate.ir.simulator import simulate, step_peak
-    from hiremate.runtime.measurement import loss_memory
+    from hiremate.ir.simulator import simulate
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 8))
-    x = torch.randn(16, 32)
-    graph = hiremate.build_graph(model, (x,), cost_model="flops")
-    autodiff = hiremate.autodiff_schedule(graph)
+    model, x, graph, autodiff = _mlp(16, 32, 512, 512, 8)
     # the backward node that makes the middle layer's weight gradient (1 MiB, far above the
     # activations) and its input's gradient
     node = next(n for n in graph.nodes if n.is_bwd
@@ -158,16 +125,48 @@ def test_a_rerun_backward_node_does_not_make_its_parameter_gradients_again() -> 
     at = next(i for i, s in enumerate(autodiff) if s == Compute(node.id))
     schedule = autodiff[:at + 1] + (Delete(grad_in), Compute(node.id)) + autodiff[at + 1:]
     assert simulate(graph, schedule).valid
-    remat = RematModule(model, graph, schedule)
+    remat = _measured_within_prediction_and_exact(model, graph, schedule, x)
     assert "(recomputed)" in remat.generated_source()[1]
+
+
+def _measured_within_prediction_and_exact(model, graph, schedule, x) -> RematModule:
+    """The executor of ``schedule``: its whole step (the zoo's loss) measures at most its
+    predicted peak + 16 B (the loss scalar and its seed gradient), and its outputs and
+    gradients are eager's exactly."""
+    import torch
+
+    from hiremate import zoo
+    from hiremate.ir.graph import DataKind
+    from hiremate.ir.simulator import step_peak
+    from hiremate.runtime.measurement import loss_memory
+
+    remat = RematModule(model, graph, schedule)
     tangent = next(d for d in graph.data if d.kind is DataKind.TANGENT)
     loss_bytes = loss_memory(model, (x,), zoo.output_loss, tangent.size)
     predicted = step_peak(graph, remat.schedule, loss_bytes)
     measured = hiremate.measure(remat, x, loss_fn=zoo.output_loss, repeats=1, warmup=0).peak
     assert measured <= predicted + 16, f"measured {measured} B, predicted {predicted} B"
-    grads = []
-    for module in (model, remat):
+    results = []
+    for module in (model, remat):  # the step still gives eager's output and gradients
         module.zero_grad(set_to_none=True)
-        zoo.output_loss(module(x)).backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+        y = module(x)
+        zoo.output_loss(y).backward()
+        results.append([y.detach()] + [p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    return remat
+
+
+def _mlp(batch: int, *widths: int):
+    """``(model, input, graph, autodiff schedule)`` of Linear layers of ``widths`` with ReLUs
+    between them (seeded), captured with FLOP costs."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    x = torch.randn(batch, widths[0])
+    graph = hiremate.build_graph(model, (x,), cost_model="flops")
+    return model, x, graph, hiremate.autodiff_schedule(graph)
