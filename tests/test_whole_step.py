@@ -48,7 +48,7 @@ def _walk(monkeypatch, per_state: int, budget: int, held: list[int]):
         if _has_states(g):
             raise InfeasibleBudgetError("the states do not fit", min_budget=None)
         asked.append(nbytes)
-        return SimpleNamespace(schedule=(), report={})
+        return SimpleNamespace(schedule=(), report={}, others=[])
 
     def report(g, result, nbytes, loss):
         k = len(asked) - 1
@@ -70,7 +70,7 @@ def test_the_solvers_see_the_whole_step_and_solve_once():
 
     def solve(g, nbytes, cfg, cache):
         seen.append(g)
-        return SimpleNamespace(schedule=hiremate.autodiff_schedule(g), report={})
+        return SimpleNamespace(schedule=hiremate.autodiff_schedule(g), report={}, others=[])
 
     result = whole_step.solve_whole_step(graph, 10**9, load_config("hiremate"), None, solve,
                                          777)
@@ -138,7 +138,7 @@ def test_a_budget_below_one_that_failed_is_not_solved_again(monkeypatch):
         if nbytes < floor:
             failed.append(nbytes)
             raise InfeasibleBudgetError("below the floor", min_budget=floor)
-        return SimpleNamespace(schedule=(), report={})
+        return SimpleNamespace(schedule=(), report={}, others=[])
 
     monkeypatch.setattr(whole_step, "whole_step_report", lambda g, r, n, loss: asked[-1] + held)
     monkeypatch.setattr(whole_step, "simulate", lambda g, s: SimpleNamespace(peak=asked[-1]))
@@ -162,7 +162,7 @@ def test_the_report_times_the_whole_walk(monkeypatch):
     def solve(g, nbytes, cfg, cache):
         asked.append(nbytes)
         time.sleep(0.05)
-        return SimpleNamespace(schedule=(), report={"solve_time": 0.05})
+        return SimpleNamespace(schedule=(), report={"solve_time": 0.05}, others=[])
 
     monkeypatch.setattr(whole_step, "whole_step_report",
                         lambda g, r, n, loss: asked[-1] + (5_000 if len(asked) == 1 else 0))

@@ -128,7 +128,7 @@ def fitting_other(graph: Graph, result: Any, budget: int, loss_bytes: int,
     fits, e.g. when a polish reruns a random op in the forward and so keeps its generator
     state there, which the solvers' view counts only from the loss; taking that candidate
     costs no solve. ``schedule_of``: the view's schedule as the graph's (None: the same)."""
-    for cand in getattr(result, "others", ()):
+    for cand in result.others:
         schedule = cand.schedule if schedule_of is None else schedule_of(cand.schedule)
         if step_peak(graph, schedule, loss_bytes) > budget:
             continue
