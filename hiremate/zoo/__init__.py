@@ -49,7 +49,7 @@ resnet         1       8      2      130,002
 regnet         1       16     2      70,218
 mlpmixer       2       32     2      52,074
 fno1d          4       16     4      18,097
-fno3d          2       8      2      27,993
+fno3d          3       8      2      41,889
 =============  ======  =====  =====  =======
 
 What each model is (and what its arguments scale):

@@ -137,7 +137,7 @@ def build_fno1d(layers: int, width: int, batch: int) -> tuple[nn.Module, torch.T
     "fno3d",
     f"3-D Fourier Neural Operator on a {'x'.join(map(str, GRID_3D))} grid, "
     f"{'x'.join(map(str, MODES_3D))} modes",
-    defaults={"layers": 2, "width": 8, "batch": 2},
+    defaults={"layers": 3, "width": 8, "batch": 2},
     meaning={
         "layers": "number of Fourier layers",
         "width": "hidden channels",
