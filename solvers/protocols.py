@@ -60,7 +60,10 @@ class Composer(Protocol):
     """Schedules the blocks of a :class:`hiremate.ir.blocks.TopProblem` within ``budget``.
 
     Returns the candidates it found (each already simulated on the full graph and within the
-    budget) and the smallest budget it knows it could meet (None when unknown)."""
+    budget) and the smallest budget it knows it could meet (None when unknown). A composer
+    whose ``compose`` also takes ``chains`` runs after those that do not and gets their
+    candidates' block-chain operations (a candidate's ``detail["ops"]``, rk-Rotor's), fastest
+    first, to start its search from (:func:`compose_chains`)."""
 
     name: str
 
@@ -105,6 +108,19 @@ def menu_of(solver: Any, graph: Graph, budgets: Iterable[Any]) -> list[Option]:
         low = solver.min_budget(graph)
         options.append(option_from_schedule(graph, solver.schedule(graph, low), solver.name))
     return pareto_front(options)
+
+
+def takes_chains(composer: Any) -> bool:
+    """Whether ``composer.compose`` takes ``chains``, the other composers' operations."""
+    import inspect
+
+    return "chains" in inspect.signature(composer.compose).parameters
+
+
+def compose_chains(candidates: Iterable[Candidate]) -> list[tuple[float, tuple]]:
+    """``(simulated time, block-chain operations)`` of the ``candidates`` that have them
+    (what a composer that takes ``chains`` gets, sorted)."""
+    return [(c.sim.time, tuple(c.detail["ops"])) for c in candidates if c.detail.get("ops")]
 
 
 def compose_menu(composer: Any, problem: TopProblem, budgets: Iterable[Any],

@@ -132,12 +132,14 @@ def test_a_refinement_round_that_times_out_keeps_the_earlier_schedules(monkeypat
     real = HilpTop.solve_at
     refined_calls = []
 
-    def flaky(self, problem, top, abstract, start_from=None, mem_unit=None, save_budget=None):
+    def flaky(self, problem, top, abstract, start_from=None, mem_unit=None, save_budget=None,
+              chains=()):
         if any(o.solver == SOLVER_NAME for b in problem.blocks for o in b.options):
             refined_calls.append(abstract)
             assert start_from is not None  # the refined search starts from the best schedule
             return mod.TopSolution(abstract, "time_limit", float("inf"), 0.0, 0.0, [], [], None)
-        return real(self, problem, top, abstract, start_from, mem_unit, save_budget)
+        return real(self, problem, top, abstract, start_from, mem_unit, save_budget,
+                    chains=chains)
 
     monkeypatch.setattr(HilpTop, "solve_at", flaky)
     best = compose(problem, budget, 1)
@@ -214,10 +216,11 @@ def test_retries_upwards_never_return_a_slower_schedule(monkeypatch):
     hinted = []
 
     def low_first(self, problem, top, abstract, start_from=None, mem_unit=None,
-                  save_budget=None):
+                  save_budget=None, chains=()):
         # the first try at a lower abstract budget, so that there is room for retries
         sol = real(self, problem, top, abstract if start_from is not None or abstract < full
-                   else int(0.85 * abstract), start_from, mem_unit, save_budget)
+                   else int(0.85 * abstract), start_from, mem_unit, save_budget,
+                   chains=chains)
         if start_from is not None:
             hinted.append((start_from.abstract_budget, abstract, start_from.sim.time,
                            sol.sim.time if sol.sim is not None else None))
@@ -240,10 +243,10 @@ def test_the_search_does_not_depend_on_its_workers(monkeypatch):
     tries: dict[int, list[int]] = {1: [], 2: []}
 
     def low_first(self, problem, top, abstract, start_from=None, mem_unit=None,
-                  save_budget=None):
+                  save_budget=None, chains=()):
         tries[self.workers].append(abstract)
         return real(self, problem, top, abstract if abstract < full else int(0.85 * abstract),
-                    start_from, mem_unit, save_budget)
+                    start_from, mem_unit, save_budget, chains=chains)
 
     monkeypatch.setattr(HilpTop, "solve_at", low_first)
     found = {w: HilpTop(time_limit=10, retries=5, refine_rounds=0, workers=w).compose(

@@ -57,6 +57,7 @@ from hiremate.composer.flat import (
 )
 from hiremate.composer.menu_cache import decode_solve, encode_solve
 from hiremate.composer.menus import _progress, _runtime_free
+from hiremate.solvers.protocols import compose_chains, takes_chains
 from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.ir.blocks import Candidate, TopProblem
 from hiremate.ir.graph import Graph, graph_key
@@ -305,17 +306,27 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hier
              **({"solvers": leaf[b.key]["solvers"]} if b.key in leaf else {})}
             for b in {b.key: b for b in blocks}.values()]}
     problem = TopProblem(graph, blocks, tail)
-    for name in _progress(cfg, top, f"{prefix}top level"):
+    composers = [make_solver(name, _with_workers(name, cfg)) for name in top]
+    # a composer that starts from the others' block chains (hilp-top from rk-Rotor's) runs
+    # after them; the order is otherwise the configuration's
+    order = sorted(range(len(top)), key=lambda i: takes_chains(composers[i]))
+    chains: list[tuple[float, tuple]] = []
+    for i in _progress(cfg, order, f"{prefix}top level"):
+        name, composer = top[i], composers[i]
         label = f"{prefix}{name}"
-        composer = make_solver(name, _with_workers(name, cfg))
         try:
-            cands, low = composer.compose(problem, budget)
+            if takes_chains(composer):
+                cands, low = composer.compose(
+                    problem, budget, chains=[ops for _, ops in sorted(chains, key=lambda c: c[0])])
+            else:
+                cands, low = composer.compose(problem, budget)
         except Exception as exc:  # report, and let another path win
             found.errors[f"top:{label}"] = f"{type(exc).__name__}: {exc}"
             log.warning("top-level %s failed: %s", label, exc)
             continue
         if low is not None:
             found.mins[f"top:{label}"] = low
+        chains.extend(compose_chains(cands))
         for c in cands:
             c.detail["blocks"] = _winners(problem, c)
             c.detail.pop("ops", None)

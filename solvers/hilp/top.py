@@ -36,6 +36,7 @@ from hiremate.solvers.hilp.hier import (
     HierModel, TopGraph, build_hier_model, carry_solution, solution_sequence, top_graph,
 )
 from hiremate.solvers.hilp.model import gcd_unit
+from hiremate.solvers.hilp.starts import chain_start, plan_start
 
 if TYPE_CHECKING:
     from typing import Iterable
@@ -140,7 +141,8 @@ class HilpTop:
     def solve_at(self, problem: "TopProblem", top: TopGraph, abstract: int,
                  start_from: TopSolution | None = None,
                  mem_unit: float | None = None, save_budget: int | None = None,
-                 work_limit: float | None = None) -> TopSolution:
+                 work_limit: float | None = None, chains: "Iterable[tuple]" = ()
+                 ) -> TopSolution:
         """Solve the MILP of ``top`` under ``abstract`` bytes; translate and simulate.
         ``start_from``: a solution of a model of the same top graph, at most as many options
         per block, the same ``mem_unit`` and a budget no higher, offered to the backend as a
@@ -148,14 +150,16 @@ class HilpTop:
         on it). ``mem_unit``: the memory scale of the model (default:
         :meth:`memory_unit` of ``abstract``). ``save_budget``: the bound on the memory held
         just before the loss node runs (:func:`build_hier_model`). ``work_limit``: the MILP's,
-        if not the solver's."""
+        if not the solver's. ``chains``: block-chain operations to start from too
+        (:meth:`compose`); the start is the fastest point of all."""
         from hiremate.ir.sequence import sequence_to_schedule
 
         start = time.perf_counter()
         if mem_unit is None:
             mem_unit = self.memory_unit(top, abstract)
         hm: HierModel = build_hier_model(top, abstract, mem_unit, save_budget)
-        starts = [plan_start(hm, self._milp)]
+        starts = [plan_start(hm, self._milp)] + [chain_start(hm, ops, self._milp)
+                                                 for ops in chains]
         if start_from is not None and start_from.model is not None:
             starts.append(carry_solution(start_from.model, start_from.x, hm))
         starts = [x for x in starts if x is not None]
@@ -185,9 +189,14 @@ class HilpTop:
                           work_limit=self.work_limit if work_limit is None else work_limit,
                           seed=self.seed)
 
-    def compose(self, problem: "TopProblem", budget: int, save_budget: int | None = None
-                ) -> tuple[list["Candidate"], int | None]:
+    def compose(self, problem: "TopProblem", budget: int, save_budget: int | None = None,
+                chains: "Iterable[tuple]" = ()) -> tuple[list["Candidate"], int | None]:
         """Candidates within ``budget`` (simulated) and the lowest simulated peak reached.
+        ``chains``: other composers' schedules of these blocks as block-chain operations
+        (rk-Rotor's), fastest first; the first :data:`CHAIN_STARTS` are offered to each
+        top-level MILP as starting points (:func:`~hiremate.solvers.hilp.starts.chain_start`),
+        so that its work limit never leaves it slower than the fastest of them that its model
+        admits.
 
         ``save_budget``: the memory held just before the loss node runs (after the step before
         it, :func:`simulated_save`) may not exceed it, in the MILP and in the simulator (the
@@ -198,7 +207,8 @@ class HilpTop:
         from hiremate.ir.simulator import autodiff_schedule
         from hiremate.solvers.hilp.refine import refine
 
-        found, lowest, kept = self._search(problem, budget, int(budget), save_budget=save_budget)
+        found, lowest, kept = self._search(problem, budget, int(budget), save_budget=save_budget,
+                                           chains=list(chains)[:CHAIN_STARTS])
         for r in range(self.refine_rounds):
             if not kept:
                 break
@@ -306,7 +316,8 @@ class HilpTop:
         return pareto_front(options)
 
     def _search(self, problem: "TopProblem", budget: int, abstract: int,
-                start_from: TopSolution | None = None, save_budget: int | None = None
+                start_from: TopSolution | None = None, save_budget: int | None = None,
+                chains: list[tuple] | None = None
                 ) -> tuple[list["Candidate"], int | None, list[tuple]]:
         """The MILP at ``abstract`` (warm-started from ``start_from`` when its abstract budget
         is not higher), then at abstract budgets searched so that the simulated peak meets
@@ -333,7 +344,8 @@ class HilpTop:
             left -= len(proposals)
             hints = [warm_from if warm_from is not None and warm_from.abstract_budget <= a
                      else None for a in proposals]
-            sols = self._solve_round(problem, top, proposals, hints, unit, save_budget)
+            sols = self._solve_round(problem, top, proposals, hints, unit, save_budget,
+                                     chains or [])
             for sol in sols:
                 if self._record(problem, top, sol, state, save_budget) and (
                         sol.model is not None and (warm_from is None or warm_from.sim is None
@@ -355,12 +367,12 @@ class HilpTop:
 
     def _solve_round(self, problem: "TopProblem", top: TopGraph, budgets: list[int],
                      hints: list[TopSolution | None], unit: float,
-                     save_budget: int | None) -> list[TopSolution]:
+                     save_budget: int | None, chains: list[tuple]) -> list[TopSolution]:
         """:meth:`solve_at` at each of ``budgets`` (with its hint), on up to ``workers``
         threads; the solutions in the order of ``budgets``."""
         def one(i: int) -> TopSolution:
             return self.solve_at(problem, top, budgets[i], start_from=hints[i], mem_unit=unit,
-                                 save_budget=save_budget)
+                                 save_budget=save_budget, chains=chains)
 
         if self.workers < 2 or len(budgets) < 2:
             return [one(i) for i in range(len(budgets))]
@@ -410,9 +422,14 @@ class HilpTop:
             "status": sol.status, "seconds": sol.seconds,
             "block_solvers": block_solvers(top, sol.steps)}))
         state.kept.append((state.found[-1], top, sol.steps, sol))
-        state.fit(abstract, sim.peak)
+        state.fit(abstract, sim.peak, sol.status == "optimal")
         return True
 
+
+#: other composers' schedules offered to each top-level MILP as starting points: a chain
+#: start costs a MILP whose choices are all fixed (hundredths of a second), and the fastest
+#: few cover the budgets the search tries
+CHAIN_STARTS = 3
 
 #: abstract budgets a round of the top-level search tries after its first try
 ROUND_TRIES = 2
@@ -434,11 +451,14 @@ class _Search:
         self.stop = False
         self.ok: int | None = None
         self.ok_peak = 0
+        self.ok_proved = True
         self.over_at: dict[int, int] = {}
 
-    def fit(self, abstract: int, peak: int) -> None:
+    def fit(self, abstract: int, peak: int, proved: bool = True) -> None:
+        """A try at ``abstract`` fitted with simulated ``peak``; ``proved``: its MILP was
+        solved to optimality (not stopped by its work limit)."""
         if self.ok is None or abstract > self.ok:
-            self.ok, self.ok_peak = abstract, peak
+            self.ok, self.ok_peak, self.ok_proved = abstract, peak, proved
 
     def over(self, abstract: int, peak: int) -> None:
         self.over_at[abstract] = peak
@@ -448,13 +468,16 @@ class _Search:
         fitting try whose schedule leaves more than :data:`RETRY_ROOM` of the budget unused:
         that room and half of it; between a fit and an overflow: the interval's thirds, until
         it is within ``RETRY_ROOM``; below an overflow with nothing fitting: the overflow and
-        twice it."""
+        twice it. Nothing above a fitting try that its work limit stopped: the room such a
+        schedule leaves is the unfinished search's more than the memory model's, and a higher
+        budget only widens a search that did not finish the narrower one (FNO3d's whole step:
+        the try above gave the same schedule, at the cost of another MILP)."""
         limit = RETRY_ROOM * self.budget
         above = [a for a in self.over_at if self.ok is None or a > self.ok]
         bad = min(above) if above else None
         if self.ok is not None:
             room = self.budget - self.ok_peak
-            if room <= limit:
+            if room <= limit or not self.ok_proved:
                 return []
             if bad is None:
                 wanted = [self.ok + room // 2, self.ok + room]
@@ -522,36 +545,3 @@ def store_all_objective(top: TopGraph) -> float:
         else:
             total += top.graph.nodes[k].time
     return float(np.float64(total))
-
-
-def plan_start(hm: HierModel, solve) -> np.ndarray | None:
-    """A feasible point of ``hm`` to start the MILP from, so that a limit never leaves it worse
-    than a plain plan: every top node once, in index order (store-everything at the top level),
-    each block with its fastest option; where that does not fit the abstract budget, each
-    block with its least-memory option (a standalone one, e.g. the checkpoint option, which
-    keeps only the block's outputs). The rest of the point (liveness, deletions, memory) is
-    completed by ``solve`` (the backend with its limits) on the model with the plan's ``R``
-    and ``Ro`` fixed, which leaves it no choice that changes the objective. None when neither
-    plan fits the model."""
-    top, flat = hm.top, hm.flat
-    T = len(top.graph.nodes)
-
-    def total(oc) -> float:
-        return oc.fwd_time + oc.bwd_time
-
-    fastest = [min(range(len(cs)), key=lambda o: (total(cs[o]), o)) for cs in top.costs]
-    lightest = [min(range(len(cs)), key=lambda o: (not cs[o].standalone, cs[o].phantom,
-                                                   total(cs[o]), o)) for cs in top.costs]
-    rt, rk = np.tril_indices(T)
-    r_cols = flat.r(rt, rk)
-    for choice in ([fastest] if fastest == lightest else [fastest, lightest]):
-        lo, hi = hm.milp.col_lo.copy(), hm.milp.col_hi.copy()
-        lo[r_cols] = hi[r_cols] = (rt == rk)
-        for (k, o), first in hm.ro.items():  # Ro[t, k, o], t = k .. T-1
-            on = np.zeros(T - k)
-            on[0] = float(o == choice[top.block[k]])
-            lo[first:first + T - k] = hi[first:first + T - k] = on
-        res = solve(replace(hm.milp, col_lo=lo, col_hi=hi))
-        if res.has_solution:
-            return res.x
-    return None
