@@ -131,3 +131,18 @@ def test_hilp_top_gets_rk_rotors_chains(monkeypatch):
     solve_graph(g, budget, "hiremate", flat_max_nodes=0, **FAST)
     assert seen and seen[0]
     assert all(isinstance(op, BlockOp) for op in seen[0][0])
+
+
+def test_chains_leave_a_search_solved_to_optimality_as_it_was():
+    """The chains are floors, not the backend's start: where the MILPs are solved to
+    optimality, the search with them returns the same schedules as without."""
+    g = residual_chain(6, size=1000)
+    problem = problem_of(g, SequencePartition(), menu="hilp")
+    budget = _tight(g, problem, 0.5)
+    cands, _ = RkRotorTop(slots=100).compose(problem, budget)
+    chains = [c.detail["ops"] for c in sorted(cands, key=lambda c: c.sim.time)]
+    assert chains
+    plain, _ = HilpTop(retries=2).compose(problem, budget)
+    chained, _ = HilpTop(retries=2).compose(problem, budget, chains=chains)
+    assert all(c.detail["status"] == "optimal" for c in plain)
+    assert [c.schedule for c in chained] == [c.schedule for c in plain]

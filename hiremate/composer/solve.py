@@ -311,6 +311,7 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hier
     # after them; the order is otherwise the configuration's
     order = sorted(range(len(top)), key=lambda i: takes_chains(composers[i]))
     chains: list[tuple[float, tuple]] = []
+    by_composer: dict[int, list[Candidate]] = {}
     for i in _progress(cfg, order, f"{prefix}top level"):
         name, composer = top[i], composers[i]
         label = f"{prefix}{name}"
@@ -331,9 +332,11 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hier
             c.detail["blocks"] = _winners(problem, c)
             c.detail.pop("ops", None)
             c.source = f"{prefix}{c.source}"
-        found.candidates.extend(cands)
+        by_composer[i] = cands
         if not cands:
             found.errors[f"top:{label}"] = "no sequence within the budget"
+    for i in sorted(by_composer):  # the configuration's order, which breaks ties of time
+        found.candidates.extend(by_composer[i])
     return report
 
 

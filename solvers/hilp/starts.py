@@ -1,16 +1,15 @@
-"""Starting points for the hierarchical H-ILP (:mod:`hiremate.solvers.hilp.hier`): feasible
-points of its model built from plain plans, so that a branch and bound stopped by its work
-limit never returns a schedule worse than the plan.
+"""Feasible points of the hierarchical H-ILP (:mod:`hiremate.solvers.hilp.hier`) built from
+plain plans: the start of its branch and bound, and the floor under its result, so that a
+search stopped by its work limit never returns a schedule worse than the plan.
 
 Two kinds of plan: every top node once, in order, with each block's fastest or least-memory
-option (:func:`plan_start`), and a block chain's sequence of operations as rk-Rotor returns it
-(:func:`chain_start`), whose recomputations let it meet budgets where every plan of the first
-kind keeps too much. Why the second: at a tight budget the first kind fits nothing, and the
-MILP then searches from scratch (FNO3d's top level found its first schedule after about half
-of its node limit), while rk-Rotor schedules the same blocks within the budget in a fraction
-of a second. Each plan fixes the model's ``R`` and ``Ro`` columns; the rest of the point
-(liveness, deletions, memory) is completed by the backend on the model so fixed, which leaves
-it no choice that changes the objective.
+option (:func:`plan_start`, the backend's start), and a block chain's sequence of operations as
+rk-Rotor returns it (:func:`chain_start`, a floor only), whose recomputations let it meet
+budgets where every plan of the first kind keeps too much. Why the second: at a tight budget
+the first kind fits nothing, and a MILP stopped by its work limit may then return nothing, or
+a schedule slower than rk-Rotor's for the same blocks. Each plan fixes the model's ``R`` and
+``Ro`` columns; the rest of the point (liveness, deletions, memory) is completed by the
+backend on the model so fixed, which leaves it no choice that changes the objective.
 """
 
 from __future__ import annotations

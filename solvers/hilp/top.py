@@ -150,26 +150,36 @@ class HilpTop:
         on it). ``mem_unit``: the memory scale of the model (default:
         :meth:`memory_unit` of ``abstract``). ``save_budget``: the bound on the memory held
         just before the loss node runs (:func:`build_hier_model`). ``work_limit``: the MILP's,
-        if not the solver's. ``chains``: block-chain operations to start from too
-        (:meth:`compose`); the start is the fastest point of all."""
+        if not the solver's. ``chains``: block-chain operations (:meth:`compose`) whose
+        points bound the result where the MILP is not solved to optimality: the fastest of
+        them and the start is returned when the MILP's own schedule is slower or missing."""
         from hiremate.ir.sequence import sequence_to_schedule
 
         start = time.perf_counter()
         if mem_unit is None:
             mem_unit = self.memory_unit(top, abstract)
         hm: HierModel = build_hier_model(top, abstract, mem_unit, save_budget)
-        starts = [plan_start(hm, self._milp)] + [chain_start(hm, ops, self._milp)
-                                                 for ops in chains]
+        starts = [plan_start(hm, self._milp)]
         if start_from is not None and start_from.model is not None:
             starts.append(carry_solution(start_from.model, start_from.x, hm))
         starts = [x for x in starts if x is not None]
-        hint = min(starts, key=lambda x: float(hm.milp.c @ x)) if starts else None
+        objective = lambda x: float(hm.milp.c @ x)  # noqa: E731
+        hint = min(starts, key=objective) if starts else None
         res = self._milp(hm.milp, hint, work_limit)
-        if hint is not None and (not res.has_solution
-                                 or res.objective > float(hm.milp.c @ hint) + 1e-9 * abs(res.objective)):
+        floors = [] if hint is None else [hint]
+        if res.status != "optimal":
+            # the other composers' schedules as floors only, not as the backend's start: given
+            # as its start, a chain changes which of several optimal schedules the MILP
+            # returns, and the polish of another one was slower as often as faster
+            floors += [x for x in (chain_start(hm, ops, self._milp) for ops in chains)
+                       if x is not None]
+        floor = min(floors, key=objective) if floors else None
+        if floor is not None and (not res.has_solution
+                                  or res.objective > objective(floor) + 1e-9 * abs(res.objective)):
             # a limit stopped the MILP without reaching its warm start (a backend that takes
-            # it as a hint only): the starting point is a solution, never return worse
-            res = replace(res, status="feasible", x=hint, objective=float(hm.milp.c @ hint))
+            # it as a hint only) or a chain's schedule: that point is a solution, never
+            # return worse
+            res = replace(res, status="feasible", x=floor, objective=objective(floor))
         secs = time.perf_counter() - start
         if not res.has_solution:
             return TopSolution(abstract, res.status, math.inf, res.bound, secs, [], [], None)
@@ -193,10 +203,10 @@ class HilpTop:
                 chains: "Iterable[tuple]" = ()) -> tuple[list["Candidate"], int | None]:
         """Candidates within ``budget`` (simulated) and the lowest simulated peak reached.
         ``chains``: other composers' schedules of these blocks as block-chain operations
-        (rk-Rotor's), fastest first; the first :data:`CHAIN_STARTS` are offered to each
-        top-level MILP as starting points (:func:`~hiremate.solvers.hilp.starts.chain_start`),
-        so that its work limit never leaves it slower than the fastest of them that its model
-        admits.
+        (rk-Rotor's), fastest first; the first :data:`CHAIN_STARTS` become points of each
+        top-level MILP (:func:`~hiremate.solvers.hilp.starts.chain_start`), so that a work
+        limit never leaves it without a schedule, nor with one slower than the fastest of them
+        that its model admits (:meth:`solve_at`).
 
         ``save_budget``: the memory held just before the loss node runs (after the step before
         it, :func:`simulated_save`) may not exceed it, in the MILP and in the simulator (the
@@ -426,9 +436,9 @@ class HilpTop:
         return True
 
 
-#: other composers' schedules offered to each top-level MILP as starting points: a chain
-#: start costs a MILP whose choices are all fixed (hundredths of a second), and the fastest
-#: few cover the budgets the search tries
+#: other composers' schedules made points of each top-level MILP: a chain's point costs a MILP
+#: whose choices are all fixed (hundredths of a second), and the fastest few cover the budgets
+#: the search tries
 CHAIN_STARTS = 3
 
 #: abstract budgets a round of the top-level search tries after its first try
