@@ -63,7 +63,8 @@ class Composer(Protocol):
     budget) and the smallest budget it knows it could meet (None when unknown). A composer
     whose ``compose`` also takes ``chains`` runs after those that do not and gets their
     candidates' block-chain operations (a candidate's ``detail["ops"]``, rk-Rotor's), fastest
-    first, to start its search from (:func:`compose_chains`)."""
+    first, as feasible schedules of its own search (:func:`compose_chains`; ``hilp-top`` makes
+    them floors under its MILPs' results)."""
 
     name: str
 

@@ -1,5 +1,6 @@
-"""Starting points of the hierarchical H-ILP from rk-Rotor's block chains
-(:mod:`hiremate.solvers.hilp.starts`) and the top-level search that uses them.
+"""Points of the hierarchical H-ILP from plain plans and rk-Rotor's block chains
+(:mod:`hiremate.solvers.hilp.starts`), and the top-level search that takes the chains as floors
+under its MILPs' results.
 
 Truths used: the simulator (a start's schedule is replayed on the full graph) and rk-Rotor's
 own simulated schedules (a start fixes the MILP's choices to the chain's, so its objective is

@@ -57,13 +57,13 @@ from hiremate.composer.flat import (
 )
 from hiremate.composer.menu_cache import decode_solve, encode_solve
 from hiremate.composer.menus import _progress, _runtime_free
-from hiremate.solvers.protocols import compose_chains, takes_chains
 from hiremate.errors import InfeasibleBudgetError, SolverError
 from hiremate.ir.blocks import Candidate, TopProblem
 from hiremate.ir.graph import Graph, graph_key
 from hiremate.ir.schedule import Schedule
 from hiremate.ir.sequence import complete_effects, drop_unused_recomputations
 from hiremate.ir.simulator import SimulationResult, autodiff_schedule, simulate
+from hiremate.solvers.protocols import compose_chains, takes_chains
 from hiremate.units import fmt_bytes
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ def _compose(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths, hier
             for b in {b.key: b for b in blocks}.values()]}
     problem = TopProblem(graph, blocks, tail)
     composers = [make_solver(name, _with_workers(name, cfg)) for name in top]
-    # a composer that starts from the others' block chains (hilp-top from rk-Rotor's) runs
+    # a composer that takes the others' block chains (hilp-top, rk-Rotor's as floors) runs
     # after them; the order is otherwise the configuration's
     order = sorted(range(len(top)), key=lambda i: takes_chains(composers[i]))
     chains: list[tuple[float, tuple]] = []

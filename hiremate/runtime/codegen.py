@@ -263,10 +263,10 @@ class _Emitter:
     def _rerun_ops(self, node: ComputeNode, keep: set[str]) -> list[tuple[int, Op]]:
         """The ops of a rerun of ``node``, with their indices: those that its outputs other
         than parameter gradients need, and any op that writes a buffer or draws random numbers
-        (the generator's position and the buffers must move as in the first run). Why: a backward node
-        rerun for its input gradient would compute its parameters' gradients again, which the
-        first run made and the executor holds to the end (a rerun of a layer's backward then
-        cost a weight-sized tensor and a matrix product for nothing)."""
+        (the generator's position and the buffers must move as in the first run). Why: a
+        backward node rerun for its input gradient would compute its parameters' gradients
+        again, which the first run made and the executor holds to the end (a rerun of a
+        layer's backward then cost a weight-sized tensor and a matrix product for nothing)."""
         needed = {n for n in keep if not (self._param_grad(n) and (
             n in self.bound or n in self.inherited))}  # a deleted one is made again
         chosen = []

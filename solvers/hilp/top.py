@@ -203,7 +203,7 @@ class HilpTop:
                 chains: "Iterable[tuple]" = ()) -> tuple[list["Candidate"], int | None]:
         """Candidates within ``budget`` (simulated) and the lowest simulated peak reached.
         ``chains``: other composers' schedules of these blocks as block-chain operations
-        (rk-Rotor's), fastest first; the first :data:`CHAIN_STARTS` become points of each
+        (rk-Rotor's), fastest first; the first :data:`CHAIN_FLOORS` become points of each
         top-level MILP (:func:`~hiremate.solvers.hilp.starts.chain_start`), so that a work
         limit never leaves it without a schedule, nor with one slower than the fastest of them
         that its model admits (:meth:`solve_at`).
@@ -218,7 +218,7 @@ class HilpTop:
         from hiremate.solvers.hilp.refine import refine
 
         found, lowest, kept = self._search(problem, budget, int(budget), save_budget=save_budget,
-                                           chains=list(chains)[:CHAIN_STARTS])
+                                           chains=list(chains)[:CHAIN_FLOORS])
         for r in range(self.refine_rounds):
             if not kept:
                 break
@@ -439,7 +439,7 @@ class HilpTop:
 #: other composers' schedules made points of each top-level MILP: a chain's point costs a MILP
 #: whose choices are all fixed (hundredths of a second), and the fastest few cover the budgets
 #: the search tries
-CHAIN_STARTS = 3
+CHAIN_FLOORS = 3
 
 #: abstract budgets a round of the top-level search tries after its first try
 ROUND_TRIES = 2
