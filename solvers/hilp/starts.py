@@ -111,16 +111,13 @@ def _complete(hm: HierModel, stages: list[Stage], solve: Callable) -> np.ndarray
     T = len(top.graph.nodes)
     lo, hi = hm.milp.col_lo.copy(), hm.milp.col_hi.copy()
     rt, rk = np.tril_indices(T)
-    r_cols = flat.r(rt, rk)
-    runs = np.zeros(len(rt))
+    lo[flat.r(rt, rk)] = hi[flat.r(rt, rk)] = 0.0
     chosen: dict[tuple[int, int], int] = {}
-    row_of = {(int(t), int(k)): i for i, (t, k) in enumerate(zip(rt, rk))}
     for t, stage in enumerate(stages):
         for k, o in stage:
-            runs[row_of[(t, k)]] = 1.0
+            lo[flat.r(t, k)] = hi[flat.r(t, k)] = 1.0
             if o is not None:
                 chosen[(t, k)] = o
-    lo[r_cols] = hi[r_cols] = runs
     for (k, o), first in hm.ro.items():  # Ro[t, k, o], t = k .. T-1
         on = np.array([float(chosen.get((t, k)) == o) for t in range(k, T)])
         lo[first:first + T - k] = hi[first:first + T - k] = on
