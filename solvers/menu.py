@@ -70,6 +70,37 @@ def option_from_schedule(graph: Graph, schedule: Schedule, solver: str = "") -> 
     )
 
 
+def checkpointed(graph: Graph, again: Sequence[int], solver: str = "") -> Option:
+    """The option whose forward part runs every forward node once and keeps only the
+    subgraph's outputs, and whose backward part runs the compute nodes ``again`` (ids, in
+    order: a recomputation of the forward, then the backward). With ``again`` another option's
+    steps, this is that option behind a checkpoint: phantom-free, for one plain forward more,
+    at about its peak (the output gradients arrive before the recomputation). A forward node
+    is not run again where nothing after it reads what it makes (the first forward's outputs
+    are kept to the end; a value only the forward itself read is not needed by the backward)."""
+    from hiremate.ir.sequence import sequence_to_schedule
+
+    fwd = [n.id for n in graph.fwd_nodes]
+    is_fwd = set(fwd)
+    alive = set(graph.outputs)  # kept from the first forward to the end
+    needed: set[int] = set()
+    kept: list[int] = []
+    for k in reversed(list(again)):  # drop recomputations nothing reads, last first
+        node = graph.nodes[k]
+        if k in is_fwd and not needed.intersection(node.outputs):
+            continue
+        needed.difference_update(node.outputs)
+        needed.update(d for d in node.inputs if d not in alive)
+        kept.append(k)
+    seq = fwd + [graph.loss] + kept[::-1]
+    return option_from_schedule(graph, sequence_to_schedule(graph, seq), solver)
+
+
+def option_steps(option: Option) -> list[int]:
+    """The compute nodes ``option`` runs, forward part then backward part."""
+    return [s.node for s in (*option.fwd, *option.bwd) if isinstance(s, Compute)]
+
+
 def budget_grid(graph: Graph, n_peak: int = 4, n_save: int = 3) -> list[tuple[int, int]]:
     """``n_peak x n_save`` budgets: peaks evenly spaced above the least memory any schedule needs up
     to what the store-everything schedule uses (peak, and memory held before the loss)."""

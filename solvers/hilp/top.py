@@ -267,11 +267,18 @@ class HilpTop:
         :func:`~hiremate.solvers.menu.solve_menu` does. ``ceiling`` (default: the highest
         budget given): the peak that sets the MILPs' memory scale and the loose fallback
         budget; a part of a budget grid passes the grid's top, so that its MILPs are the
-        whole grid's."""
+        whole grid's. A save bound of the outputs alone (a phantom-free option) is met without
+        its MILP where the same peak's looser saves have schedules: each of them behind a
+        checkpoint (:func:`~hiremate.solvers.menu.checkpointed`), which costs one plain forward
+        more than that schedule and, on the subgraphs measured, about what the MILP's root
+        returns, in a fraction of its work (the tight-save MILPs were the slowest of a menu)."""
         from hiremate.errors import InfeasibleBudgetError
         from hiremate.ir.option import pareto_front
         from hiremate.ir.sequence import sequence_to_schedule
-        from hiremate.solvers.menu import InfeasibleBudgets, loosest_first, option_from_schedule
+        from hiremate.ir.tracker import counted_sizes
+        from hiremate.solvers.menu import (
+            InfeasibleBudgets, checkpointed, loosest_first, option_from_schedule, option_steps,
+        )
 
         # one MILP per budget: a menu needs schedules spread over the budgets, not one that
         # meets each exactly, so there are no retries (the MILP's memory bounds the simulated
@@ -286,27 +293,41 @@ class HilpTop:
         # alone, then to the peak alone, so that options trading save for time still come
         loose = 2 * ceiling
         found: dict[int, Option] = {}
-        tried: set[tuple] = set()
+        tried: dict[tuple, TopSolution | None] = {}
         # every MILP here has one memory scale, so a budget proved infeasible settles the
         # tighter ones: the saves of a peak are solved loosest first, the options kept in order.
         # A budget whose MILP found no schedule within its work limit settles them too: a
         # tighter one, with the same limit, would only spend as much again to find none (so
         # does one its wall-clock cap stopped, a result that already depends on the load)
         settled = InfeasibleBudgets()
+        # a save bound of the outputs alone asks for a phantom-free option: the schedules of
+        # the looser saves of the same peak (solved before it) behind a checkpoint give one
+        # each, for a plain forward more and a fraction of the MILP's work, which runs only
+        # where that peak has no other schedule
+        outputs = sum(counted_sizes(problem.graph)[d] for d in set(problem.graph.outputs))
+        behind: list[Option] = []
         for i in loosest_first(budgets):
             peak, save = budgets[i]
+            same_peak = [j for j in sorted(found) if int(budgets[j][0]) == int(peak)]
+            if save is not None and int(save) <= outputs and same_peak:
+                behind += [checkpointed(problem.graph, option_steps(found[j]), self.name)
+                           for j in same_peak]
+                continue
             sol = None
             for p_try, s_try in ((int(peak), save), (loose, save), (int(peak), None)):
                 key = (p_try, None if s_try is None else int(s_try))
-                if key in tried:
+                if key in tried:  # the loose budget, met at a lower peak: its schedule again,
+                    sol = tried[key]  # as a part of the grid solved alone finds it
+                    if sol is not None and sol.sim is not None:
+                        break
                     continue
-                tried.add(key)
+                tried[key] = None
                 if settled.settles(*key):  # sol stays the last try's, which had no schedule
                     log.debug("hilp-top menu: budget %s: settled (a looser one had no schedule)",
                               key)
                     continue
-                sol = self.solve_at(problem, top, p_try, mem_unit=unit, save_budget=key[1],
-                                    work_limit=self.menu_work)
+                sol = tried[key] = self.solve_at(problem, top, p_try, mem_unit=unit,
+                                                 save_budget=key[1], work_limit=self.menu_work)
                 if sol.sim is not None:
                     break
                 settled.add(*key)  # infeasible, or no schedule within the limits
@@ -318,7 +339,7 @@ class HilpTop:
                                   f"{sol.sim.error}")
             sched = sequence_to_schedule(problem.graph, sol.sequence)
             found[i] = option_from_schedule(problem.graph, sched, self.name)
-        options = [found[i] for i in sorted(found)]
+        options = [found[i] for i in sorted(found)] + behind
         if not options:
             raise InfeasibleBudgetError(
                 f"{self.name}: none of the {len(budgets)} menu budgets is feasible; widen the "
