@@ -39,6 +39,13 @@ from hiremate.ir.tracker import counted_sizes
 log = logging.getLogger(__name__)
 
 
+def output_bytes(graph: Graph) -> int:
+    """Counted bytes of the subgraph's outputs: the least memory held at its loss step (the
+    lowest save of :func:`budget_grid`, the ``O`` of the module docstring)."""
+    counted = counted_sizes(graph)
+    return sum(counted[d] for d in set(graph.outputs))
+
+
 def step_memory(graph: Graph, schedule: Schedule) -> tuple[list[int], list[int]]:
     """Per step: the highest memory while it runs, and the memory after it (the simulator's
     :func:`~hiremate.ir.simulator.trace`, as lists)."""
@@ -52,7 +59,7 @@ def option_from_schedule(graph: Graph, schedule: Schedule, solver: str = "") -> 
     cut = schedule.index(Compute(graph.loss))
     fwd, bwd = schedule[:cut], schedule[cut + 1:]
     counted = counted_sizes(graph)
-    out_b = sum(counted[d] for d in set(graph.outputs))
+    out_b = output_bytes(graph)
     grad_b = sum(counted[d] for d in graph.nodes[graph.loss].outputs)
     final_b = sum(counted[d] for d in graph.final_data)
     during, after = sim.trace.during, sim.trace.after
@@ -75,25 +82,15 @@ def checkpointed(graph: Graph, again: Sequence[int], solver: str = "") -> Option
     subgraph's outputs, and whose backward part runs the compute nodes ``again`` (ids, in
     order: a recomputation of the forward, then the backward). With ``again`` another option's
     steps, this is that option behind a checkpoint: phantom-free, for one plain forward more,
-    at about its peak (the output gradients arrive before the recomputation). A forward node
-    is not run again where nothing after it reads what it makes (the first forward's outputs
-    are kept to the end; a value only the forward itself read is not needed by the backward)."""
-    from hiremate.ir.sequence import sequence_to_schedule
+    at about its peak (the output gradients arrive before the recomputation). The
+    recomputations nothing reads go (:func:`~hiremate.ir.sequence.drop_unused_recomputations`:
+    the first forward's outputs are kept to the end, and a value only the forward read is not
+    needed by the backward)."""
+    from hiremate.ir.sequence import drop_unused_recomputations, sequence_to_schedule
 
-    fwd = [n.id for n in graph.fwd_nodes]
-    is_fwd = set(fwd)
-    alive = set(graph.outputs)  # kept from the first forward to the end
-    needed: set[int] = set()
-    kept: list[int] = []
-    for k in reversed(list(again)):  # drop recomputations nothing reads, last first
-        node = graph.nodes[k]
-        if k in is_fwd and not needed.intersection(node.outputs):
-            continue
-        needed.difference_update(node.outputs)
-        needed.update(d for d in node.inputs if d not in alive)
-        kept.append(k)
-    seq = fwd + [graph.loss] + kept[::-1]
-    return option_from_schedule(graph, sequence_to_schedule(graph, seq), solver)
+    seq = [n.id for n in graph.fwd_nodes] + [graph.loss] + list(again)
+    schedule = drop_unused_recomputations(graph, sequence_to_schedule(graph, seq))
+    return option_from_schedule(graph, schedule, solver)
 
 
 def option_steps(option: Option) -> list[int]:
@@ -111,8 +108,7 @@ def budget_grid(graph: Graph, n_peak: int = 4, n_save: int = 3) -> list[tuple[in
     peak_hi = tr.peak
     cut = ad.index(Compute(graph.loss))
     save_hi = tr.after[cut - 1] if cut else 0
-    counted = counted_sizes(graph)
-    save_lo = sum(counted[d] for d in set(graph.outputs))
+    save_lo = output_bytes(graph)
     peak_lo = memory_floor(graph)
     # the memory floor is left out of the peaks: a budget there is almost never feasible and a
     # MILP takes long to prove it (the composers add each block's checkpoint option, the least

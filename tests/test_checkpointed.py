@@ -15,12 +15,11 @@ from hypothesis import strategies as st
 from hiremate.errors import HiremateError
 from hiremate.ir.schedule import Compute
 from hiremate.ir.simulator import autodiff_schedule, trace
-from hiremate.ir.tracker import counted_sizes
 from hiremate.partition import SequencePartition
 from hiremate.solvers.hilp.flat import HilpSolver
 from hiremate.solvers.hilp.top import HilpTop
 from hiremate.solvers.menu import (budget_grid, checkpointed, option_from_schedule,
-                                   option_steps)
+                                   option_steps, output_bytes)
 from hiremate.testing.synthetic import random_graph
 from test_hilp_hier import problem_of
 from test_registry import residual_chain
@@ -69,11 +68,6 @@ def test_a_forward_nothing_reads_again_is_not_rerun():
     assert not rerun & makers_of_outputs_only  # their outputs are kept from the forward
 
 
-def _outputs_bytes(graph):
-    counted = counted_sizes(graph)
-    return sum(counted[d] for d in set(graph.outputs))
-
-
 def _count_solves(monkeypatch) -> list[tuple]:
     """``hilp-top``'s MILPs from here on, as (peak, save) pairs."""
     calls: list[tuple] = []
@@ -91,7 +85,7 @@ def test_a_menu_meets_a_save_of_the_outputs_alone_without_its_milp(monkeypatch):
     problem = problem_of(residual_chain(3), SequencePartition())
     graph = problem.graph
     tr = trace(graph, autodiff_schedule(graph))
-    peak, outputs = tr.peak, _outputs_bytes(graph)
+    peak, outputs = tr.peak, output_bytes(graph)
     calls = _count_solves(monkeypatch)
     solver = HilpTop(work_limit=50, time_limit=60.0, refine_rounds=0)
     options = solver.compose_menu(problem, [(peak, None), (peak, outputs)])
@@ -107,7 +101,7 @@ def test_a_peak_whose_only_budget_is_the_outputs_only_save_is_solved_by_its_milp
     problem = problem_of(residual_chain(3), SequencePartition())
     graph = problem.graph
     peak = trace(graph, autodiff_schedule(graph)).peak
-    outputs = _outputs_bytes(graph)
+    outputs = output_bytes(graph)
     calls = _count_solves(monkeypatch)
     solver = HilpTop(work_limit=50, time_limit=60.0, refine_rounds=0)
     options = solver.compose_menu(problem, [(peak, outputs)])

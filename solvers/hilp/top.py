@@ -275,9 +275,9 @@ class HilpTop:
         from hiremate.errors import InfeasibleBudgetError
         from hiremate.ir.option import pareto_front
         from hiremate.ir.sequence import sequence_to_schedule
-        from hiremate.ir.tracker import counted_sizes
         from hiremate.solvers.menu import (
             InfeasibleBudgets, checkpointed, loosest_first, option_from_schedule, option_steps,
+            output_bytes,
         )
 
         # one MILP per budget: a menu needs schedules spread over the budgets, not one that
@@ -304,7 +304,7 @@ class HilpTop:
         # the looser saves of the same peak (solved before it) behind a checkpoint give one
         # each, for a plain forward more and a fraction of the MILP's work, which runs only
         # where that peak has no other schedule
-        outputs = sum(counted_sizes(problem.graph)[d] for d in set(problem.graph.outputs))
+        outputs = output_bytes(problem.graph)
         behind: list[Option] = []
         for i in loosest_first(budgets):
             peak, save = budgets[i]
