@@ -28,6 +28,8 @@ Run::
     python bench/paper_table.py --execute --json            # every model, one JSON per line
     python bench/paper_table.py gpt-24 --set flat_max_nodes=0 --set total_options=60
     python bench/paper_table.py --graphs /tmp/pg --lp-max-nodes 0 --json   # a GPU's graphs
+    python bench/paper_table.py fno3d --cost measured --save-graphs /tmp/pm   # keep this build
+    python bench/paper_table.py fno3d --graphs /tmp/pm --set menu_saves=4     # ... solve it again
 
 ``--config`` takes a preset name or a YAML file; ``--set key=value`` (repeatable, dotted keys
 into mappings: ``solver_params.hilp-top.time_limit=60``) overrides it. Prints a Markdown table
@@ -79,6 +81,9 @@ def row(m: PaperModel, args: argparse.Namespace) -> dict[str, Any]:
     else:
         graph, build_s = graph_of(key, lambda: zoo.get_paper(m.paper_name, dtype=dtype),
                                   args.cost, args.cache)
+        if args.save_graphs is not None:  # this build, for --graphs to solve again
+            args.save_graphs.mkdir(parents=True, exist_ok=True)
+            graph.save(args.save_graphs / f"{m.paper_name}.graph")
     ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
     budget = int(args.budget * ad.peak)
     cfg = make_config(args.config, args.set, cache=False, calibrate=0, n_jobs=args.n_jobs,
@@ -154,6 +159,10 @@ def main() -> None:
     parser.add_argument("--graphs", type=Path, default=None,
                         help="folder of graphs NAME.graph captured elsewhere (bench/paper_gpu.py "
                              "capture, on a GPU): solved as they are, no build")
+    parser.add_argument("--save-graphs", type=Path, default=None,
+                        help="folder to write each built graph to as NAME.graph, so that "
+                             "--graphs solves the same build again (measured costs move from "
+                             "build to build; --cache keeps flops graphs only)")
     parser.add_argument("--verbose", action="store_true",
                         help="log each phase with its time (build, solve, runs) to stderr")
     add_common_arguments(parser, "configuration override (repeatable; dotted keys into mappings)")

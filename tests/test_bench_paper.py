@@ -90,3 +90,27 @@ def test_paper_gpu_phases_round_trip_through_the_cache(tmp_path):
     assert run["predicted_relative_time"] == rows["solve"]["relative_time"]
     assert run["measured_peak_over_budget"] <= 1.02
     assert run["max_grad_diff_relative"] < 1e-5
+
+
+def test_paper_table_solves_a_saved_build_again(tmp_path):
+    """``--save-graphs`` keeps a measured-cost build that ``--graphs`` solves again: the same
+    graph (no build) and, the solve being deterministic, the same figures, where a rebuild's
+    timings would move them."""
+    import json
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "paper_table.py"
+    light = ["fno1d", "--json", "--lp-max-nodes", "0", "--n-jobs", "1", "--set", "polish=[]",
+             "--set", "menu_peaks=2", "--set", "menu_saves=1"]
+    rows = []
+    for extra in (["--cost", "measured", "--save-graphs", str(tmp_path)],
+                  ["--graphs", str(tmp_path)]):
+        done = subprocess.run([sys.executable, str(script), *light, *extra], check=True,
+                              capture_output=True, text=True, timeout=600)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    built, again = rows
+    assert (tmp_path / "fno1d.graph").exists() and "error" not in built, built
+    assert built["build_s"] > 0 and again["build_s"] == 0
+    assert again["cost"] == built["cost"] == "measured"
+    for key in ("compute_nodes", "budget", "solver", "relative_time", "lower_bound"):
+        assert again[key] == built[key], key
