@@ -226,3 +226,27 @@ def test_an_overflowing_solve_keeps_a_candidate_that_fits_the_step(monkeypatch):
 def test_the_walk_replaces_the_kept_candidate_when_faster(monkeypatch):
     result, asked = _overflowing_solves(monkeypatch, walk_finds=True)
     assert len(asked) == 2 and result.schedule == ("walk",)
+
+
+@pytest.mark.parametrize("below_by_more_than_the_states", [True, False])
+def test_a_budget_far_below_what_the_solvers_meet_is_not_walked(monkeypatch,
+                                                                below_by_more_than_the_states):
+    """When the solvers' lowest peak with the generator states counted, less every state, is
+    still above the budget, the walk without the states cannot end otherwise: the error comes
+    after the one solve, naming that lowest peak. Nearer the budget the walk still runs."""
+    graph = _with_random_ops(random_graph(5, 12), 10_000)
+    full = whole_step.rng_state_reserve(graph)
+    floor = 900_000  # the lowest peak the stand-in solvers meet, with or without the states
+    calls: list[bool] = []
+
+    def solve(g, nbytes, cfg, cache):
+        calls.append(_has_states(g))
+        raise InfeasibleBudgetError("below the floor", min_budget=floor)
+
+    budget = floor - full - 1 if below_by_more_than_the_states else floor - full // 2
+    with pytest.raises(InfeasibleBudgetError) as info:
+        whole_step.solve_whole_step(graph, budget, load_config("hiremate"), None, solve, 0)
+    if below_by_more_than_the_states:
+        assert calls == [True] and info.value.min_budget == floor
+    else:
+        assert calls[0] and len(calls) >= 2 and not calls[1]

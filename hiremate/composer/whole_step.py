@@ -150,9 +150,11 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     counted from the loss to the last node that may need the op rerun, which fits in one
     solve unless the states alone are dear; when that view has no schedule within the budget,
     or its schedule peaks in the forward with a state kept there, by the walk over the view
-    without the states (:func:`_walk`). Of an overflowing solve, the fastest other candidate
-    that fits the step (:func:`fitting_other`) is kept: the walk's result replaces it only
-    when faster, and it is the answer when the walk finds nothing. The report's
+    without the states (:func:`_walk`), unless the lowest peak the solvers met with them, less
+    every state, is still above the budget (then that error, after one solve). Of an
+    overflowing solve, the fastest other candidate that fits the step (:func:`fitting_other`)
+    is kept: the walk's result replaces it only when faster, and it is the answer when the
+    walk finds nothing. The report's
     ``solve_time`` is the whole step's, and :func:`_finished` adds how many solves it took
     and the bound on the time."""
     start, walk = time.perf_counter(), _Walk()
@@ -163,6 +165,12 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
             result = solve(view.graph, budget, cfg, cache)
             result.schedule = view.schedule_of(result.schedule)
         except InfeasibleBudgetError as exc:
+            low = exc.min_budget
+            if low is not None and low - rng_state_reserve(graph) > budget:
+                # the states weigh at most that reserve in what the solvers saw: without them
+                # the lowest peak they meet is still above the budget, so each of the walk's
+                # solves (whole solves, tens of seconds on a language model) would end the same
+                raise
             log.info("no schedule within %s with the generator states counted (%s); "
                      "walking down without them", fmt_bytes(budget), exc)
         else:
