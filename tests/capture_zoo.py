@@ -475,13 +475,15 @@ def checkpoint_reentrant() -> Built:
 
 # -- the table ----------------------------------------------------------------------------------
 
-# What the default test run passes to HRockmate for its cases (solvers limited to seconds, one
-# process, menus of three peaks at the lowest save, no FastSA polish: these cases check what
-# capture and the executor give, not how good the schedule is); slow cases and
-# bench/capture_models.py use the default preset as it is.
+# What the default test run passes to HRockmate for its cases (H-ILP at its root on subgraphs
+# of at most 40 compute nodes, hilp-top 10 branch-and-bound nodes: work limits, so that the
+# schedule does not depend on the machine's load; rk-Rotor 100 slots, one process, menus of
+# three peaks at the lowest save, no FastSA polish: these cases check what capture and the
+# executor give, not how good the schedule is); slow cases and bench/capture_models.py use
+# the default preset as it is.
 FAST = {"n_jobs": 1, "progress": False, "menu_peaks": 3, "menu_saves": 1, "polish": [],
-        "solver_params": {"hilp": {"time_limit": 2.0, "max_nodes": 250},
-                          "rk-rotor": {"slots": 100}, "hilp-top": {"time_limit": 5.0}}}
+        "solver_params": {"hilp": {"work_limit": 1, "large_work_limit": 1, "max_nodes": 40},
+                          "rk-rotor": {"slots": 100}, "hilp-top": {"work_limit": 10}}}
 
 
 def _case(name: str, builder: Callable[[], Built], what: str, default_run: bool = False,
