@@ -9,7 +9,8 @@ Default run: the cases built with ``default_run=True`` in
 ``capture_zoo.CASES`` (ViT, Wav2Vec2's LayerDrop and SpecAugment errors, the timm-like blocks,
 LSTM, the in-place/BatchNorm models, both checkpoint models), with the default preset plus
 ``capture_zoo.FAST`` (work limits: H-ILP at its root on at most 40 nodes, hilp-top 10
-branch-and-bound nodes; rk-Rotor 100 slots, one process, no polish) and a fresh menu cache (the roofline fit is the run's, ``conftest.py``).
+branch-and-bound nodes; rk-Rotor 100 slots, one process, no polish) and a fresh menu cache
+(the roofline fit is the run's, ``conftest.py``).
 Every other case is ``slow`` (``pytest -m slow tests/test_capture_models.py``) and runs the
 default preset as it is, with a fresh menu cache.
 timm cases skip, naming the import error, when ``import timm`` fails.
