@@ -77,6 +77,10 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     constants = input_constants(sample)
     if constants:  # left out otherwise, so that graphs of tensor-only calls keep their key
         meta["input_constants"] = constants
+    if device.type == "cpu":  # left out on a GPU, whose kernels' scratch does not follow it
+        # a CPU convolution's scratch depends on the intra-op threads (oneDNN's per-thread
+        # buffers): the executor warns when it runs at another count than the build measured
+        meta["cpu_threads"] = torch.get_num_threads()
     cast = autocast_dtype(device.type)
     if cast is not None:  # left out otherwise, so that graphs captured without it keep their key
         meta["autocast"] = cast

@@ -151,3 +151,29 @@ def test_capture_device_is_replaced_by_the_device_in_use() -> None:
     consts = [v for k, v in fwd.fn.__globals__.items() if k.startswith("k")]
     devices = [c for c in consts if isinstance(c, torch.device)]
     assert devices and all(d == torch.device("cpu") for d in devices)
+
+
+def test_a_step_at_other_cpu_threads_than_the_build_warns_once(caplog) -> None:
+    """A CPU convolution's scratch follows the intra-op thread count, so a module run at
+    another count than its graph was built at warns, once; at the build's count it is quiet."""
+    graph = graph_of("mlp")
+    assert graph.meta["cpu_threads"] >= 1
+    model, sample = get_model("mlp")
+    args = (sample,) if isinstance(sample, torch.Tensor) else tuple(sample)
+    built = graph.meta["cpu_threads"]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(built)
+        quiet = RematModule(model, graph, schedules_of(graph)["autodiff"])
+        with caplog.at_level("WARNING", logger="hiremate.runtime.executor"):
+            quiet(*args).sum().backward()
+        assert not [r for r in caplog.records if "intra-op threads" in r.getMessage()]
+        torch.set_num_threads(built + 1)
+        other = RematModule(model, graph, schedules_of(graph)["autodiff"])
+        with caplog.at_level("WARNING", logger="hiremate.runtime.executor"):
+            other(*args).sum().backward()
+            other(*args).sum().backward()
+        warned = [r for r in caplog.records if "intra-op threads" in r.getMessage()]
+        assert len(warned) == 1 and f"built at {built} " in warned[0].getMessage()
+    finally:
+        torch.set_num_threads(before)

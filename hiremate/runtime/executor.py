@@ -121,6 +121,7 @@ class RematModule(torch.nn.Module):
         self._max_others = max_others
         self._evicted: set[Any] = set()  # signatures whose module was evicted
         self._thrash_warned = False
+        self._threads_warned = False
         # per returned gradient (parameters, then inputs), the tangents that reach it
         self._grad_reach = tangents_reaching(graph)
         # positions among the tensor outputs of those that carry a gradient (tangents)
@@ -308,6 +309,7 @@ class RematModule(torch.nn.Module):
                 f"({', '.join(unfrozen[:3])}{', ...' if len(unfrozen) > 3 else ''}); the graph "
                 "computes none for them: build the graph again (HRockmate does so by itself)")
         if training:
+            self._warn_other_threads(device)
             # what a backward that reaches an untangented output needs to run the call again
             replay = ((args, kwargs, generator_states(_cuda_index(device))
                        if self._replays_random else None)
@@ -320,6 +322,20 @@ class RematModule(torch.nn.Module):
             with _as_captured(device):
                 outs, _ = prog.fn(call, None, inputs, params, frozen, buffers, ())
         return tuple(outs) if flat else self._rebuild(outs)
+
+    def _warn_other_threads(self, device: torch.device) -> None:
+        """Warn once when a CPU step runs at another intra-op thread count than the graph was
+        built at: CPU convolutions take scratch of another size then (oneDNN's per-thread
+        buffers), which the schedule's memory does not count."""
+        built = self._graph.meta.get("cpu_threads")
+        now = torch.get_num_threads()
+        if device.type != "cpu" or built is None or built == now or self._threads_warned:
+            return
+        self._threads_warned = True
+        log.warning("this module's graph was built at %d intra-op threads and runs at %d: "
+                    "CPU kernels such as convolutions may take scratch of another size, so the "
+                    "peak may differ from the one solved for; build it at the thread count "
+                    "you train with (torch.set_num_threads before HRockmate)", built, now)
 
     def _untangented_backward(self, run: "_Run", inputs: list, params: list,
                               grad_outputs: tuple, needs: tuple) -> list:
