@@ -154,9 +154,8 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     every state, is still above the budget (then that error, after one solve). Of an
     overflowing solve, the fastest other candidate that fits the step (:func:`fitting_other`)
     is kept: the walk's result replaces it only when faster, and it is the answer when the
-    walk finds nothing. The report's
-    ``solve_time`` is the whole step's, and :func:`_finished` adds how many solves it took
-    and the bound on the time."""
+    walk finds nothing. The report's ``solve_time`` is the whole step's, and
+    :func:`_finished` adds how many solves it took and the bound on the time."""
     start, walk = time.perf_counter(), _Walk()
     if rng_state_reserve(graph):
         walk.solves += 1
