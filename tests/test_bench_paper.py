@@ -92,6 +92,7 @@ def test_paper_gpu_phases_round_trip_through_the_cache(tmp_path):
     assert run["max_grad_diff_relative"] < 1e-5
 
 
+@pytest.mark.slow  # two solves of a paper-size model in subprocesses (26 s)
 def test_paper_table_solves_a_saved_build_again(tmp_path):
     """``--save-graphs`` keeps a measured-cost build that ``--graphs`` solves again: the same
     graph (no build) and, the solve being deterministic, the same figures, where a rebuild's
