@@ -157,7 +157,8 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
     walk finds nothing. The report's ``solve_time`` is the whole step's, and
     :func:`_finished` adds how many solves it took and the bound on the time."""
     start, walk = time.perf_counter(), _Walk()
-    if rng_state_reserve(graph):
+    states = rng_state_reserve(graph)
+    if states:
         walk.solves += 1
         view = step_view(graph, loss_bytes, rng_states=True)
         try:
@@ -165,7 +166,7 @@ def solve_whole_step(graph: Graph, budget: int, cfg: Config, cache: Any, solve: 
             result.schedule = view.schedule_of(result.schedule)
         except InfeasibleBudgetError as exc:
             low = exc.min_budget
-            if low is not None and low - rng_state_reserve(graph) > budget:
+            if low is not None and low - states > budget:
                 # the states weigh at most that reserve in what the solvers saw: without them
                 # the lowest peak they meet is still above the budget, so each of the walk's
                 # solves (whole solves, tens of seconds on a language model) would end the same

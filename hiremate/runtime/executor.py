@@ -327,9 +327,10 @@ class RematModule(torch.nn.Module):
         """Warn once when a CPU step runs at another intra-op thread count than the graph was
         built at: CPU convolutions take scratch of another size then (oneDNN's per-thread
         buffers), which the schedule's memory does not count."""
-        built = self._graph.meta.get("cpu_threads")
-        now = torch.get_num_threads()
-        if device.type != "cpu" or built is None or built == now or self._threads_warned:
+        if self._threads_warned or device.type != "cpu":
+            return
+        built, now = self._graph.meta.get("cpu_threads"), torch.get_num_threads()
+        if built is None or built == now:
             return
         self._threads_warned = True
         log.warning("this module's graph was built at %d intra-op threads and runs at %d: "
