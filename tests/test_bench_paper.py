@@ -61,6 +61,7 @@ def test_lower_bound_kinds_and_gap():
     assert math.isnan(paper_common.gap(1.0, math.inf))
 
 
+@pytest.mark.slow  # three subprocesses, each importing torch, and a solve (29 s)
 def test_paper_gpu_phases_round_trip_through_the_cache(tmp_path):
     """``bench/paper_gpu.py``'s capture, solve and execute (here on the CPU, FLOP costs, a
     small size): the schedule solved in one process is read back from the cache in another

@@ -116,10 +116,14 @@ def test_where_nothing_else_fits_on_its_own_it_runs(monkeypatch):
     assert [name for name, _ in calls][-1] == "hilp" and res.report["solver"].startswith("hilp")
 
 
-# the seed-7 graphs' MILPs take a minute or two each: slow cases, for the full run
+# the seed-7 graphs' MILPs take a minute or two each, the others 10-17 s: one case in the
+# default run, the rest for the full run
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("seed,n,fraction", [
-    (3, 12, 0.8), (3, 12, 0.9), pytest.param(7, 14, 0.8, marks=pytest.mark.slow),
-    pytest.param(7, 14, 0.9, marks=pytest.mark.slow), (5, 16, 0.9)])
+    pytest.param(3, 12, 0.8, marks=SLOW), (3, 12, 0.9), pytest.param(7, 14, 0.8, marks=SLOW),
+    pytest.param(7, 14, 0.9, marks=SLOW), pytest.param(5, 16, 0.9, marks=SLOW)])
 def test_a_skipped_flat_hilp_costs_at_most_the_gap(seed, n, fraction):
     """Gated (the default's 5 %) against the flat H-ILP always run first (``flat_gap`` null): the
     gated schedule is at most 5 % slower, and when the MILP was skipped it is within 5 % of the

@@ -40,7 +40,7 @@ def _tight(g, problem, fraction: float) -> int:
     return int(low + fraction * (high - low))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 10**6), n=st.integers(10, 16),
        fraction=st.sampled_from([0.0, 0.3, 0.7]))
 def test_a_chain_start_is_rk_rotors_schedule_in_the_milp(seed, n, fraction):

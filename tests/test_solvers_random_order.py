@@ -112,8 +112,12 @@ BOTTOM = [n for n in solver_names() if hasattr(solver_class(n), "menu")]
 COMPOSERS = [n for n in solver_names() if getattr(solver_class(n), "composer", False)]
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 #: every preset as shipped, and through blocks where it has a composer to run them
-PRESET_CASES = [(p, False) for p in PRESETS] + \
-    [(p, True) for p in PRESETS if hiremate.load_config(p).top]
+# every preset as shipped, and forced onto its block path; the H-ILP presets' block paths
+# (12-14 s each, their own H-ILP menus) in the full run
+HEAVY_BLOCKS = {"hilp", "hiremate"}
+PRESET_CASES = [pytest.param(p, False, id=f"{p}-as-shipped") for p in PRESETS] + \
+    [pytest.param(p, True, marks=[pytest.mark.slow] if p in HEAVY_BLOCKS else [],
+                  id=f"{p}-blocks") for p in PRESETS if hiremate.load_config(p).top]
 
 
 def test_every_registered_solver_is_covered() -> None:
@@ -157,8 +161,7 @@ def test_menu_options_keep_the_random_order(name: str, caplog) -> None:
     no_invalid_candidates(caplog, name)
 
 
-@pytest.mark.parametrize("preset, hierarchical", PRESET_CASES,
-                         ids=[f"{p}-{'blocks' if h else 'as-shipped'}" for p, h in PRESET_CASES])
+@pytest.mark.parametrize("preset, hierarchical", PRESET_CASES)
 def test_presets_keep_the_random_order(preset: str, hierarchical: bool, caplog) -> None:
     cfg = hiremate.load_config(preset)
     overrides = dict(progress=False, n_jobs=1, cache=False, calibrate=0,
