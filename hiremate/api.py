@@ -110,8 +110,9 @@ class HRockmate(ModelWrapper):
     other shapes than ``sample`` is captured again for them, once, and runs the sample's
     schedule when its whole step fits their budget (a fraction is of their peak, but never
     fewer bytes than the sample's), else is solved (config ``on_new_inputs``, ``max_shapes``,
-    ``transfer_schedules``); ``recaptures`` counts those builds and :meth:`variants` lists the
-    ones kept.
+    ``transfer_schedules``); so is a CPU training step at another intra-op thread count than
+    the build's, whose convolutions take scratch of another size. ``recaptures`` counts those
+    builds and :meth:`variants` lists the ones kept.
 
     The wrapper shares the model's parameters and names (``state_dict()`` and
     ``named_parameters()`` keys are the model's), its mode (``train()``/``eval()``) and its
@@ -412,7 +413,8 @@ class HRockmate(ModelWrapper):
 
     def variants(self) -> list[dict[str, Any]]:
         """The modules built for other inputs than the sample's, least recently used first:
-        ``{"inputs": [(path, shape, dtype), ...], "report": {...}, "module": RematModule}``."""
+        ``{"inputs": [(path, shape, dtype), ...], "cpu_threads": intra-op threads of a CPU
+        build (else None), "report": {...}, "module": RematModule}``."""
         if self.executor is None:
             return []
         out = []
@@ -421,6 +423,7 @@ class HRockmate(ModelWrapper):
             shapes = [(tuple(d.shape), d.dtype) for d in g.data if d.kind is DataKind.INPUT]
             out.append({"inputs": [(p, *sd) for p, sd in zip(g.meta.get("input_paths", []),
                                                                shapes)],
+                        "cpu_threads": g.meta.get("cpu_threads"),
                         "report": dict(self._variant_reports.get(m, {})), "module": m})
         return out
 

@@ -77,6 +77,34 @@ def test_new_batch_size_is_captured_once_with_the_fraction_resolved_again(caplog
     assert h.recaptures == 1
 
 
+def test_a_step_at_another_cpu_thread_count_is_built_for_it(caplog):
+    """CPU convolutions take scratch of another size at another intra-op thread count, so a
+    training step at another count than the build's is captured and solved at that count,
+    once, as new inputs are; the build's count keeps the sample's module."""
+    torch.manual_seed(0)
+    model = ConvNet().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    h = HRockmate(model, x, 0.5, **CONV)  # built at one thread (the autouse fixture)
+    assert h.graph.meta["cpu_threads"] == 1
+    try:
+        torch.set_num_threads(2)
+        with caplog.at_level(logging.INFO, logger="hiremate.api"):
+            for seed in (1, 2):
+                compare_with_eager(h, model, eager, x, seed)
+    finally:
+        torch.set_num_threads(1)
+    assert h.recaptures == 1
+    assert sum("built at 1 intra-op threads and the step runs at 2" in r.getMessage()
+               for r in caplog.records) == 1
+    (variant,) = h.variants()
+    assert variant["cpu_threads"] == 2 and variant["module"].graph.meta["cpu_threads"] == 2
+    assert variant["inputs"] == [("[0][0]", (4, 3, 8, 8), "float64")]
+    assert variant["report"]["predicted_peak"] <= variant["report"]["budget"]
+    compare_with_eager(h, model, eager, x, 3)  # back at the build's count: no new capture
+    assert h.recaptures == 1
+
+
 class MLP(nn.Module):
     def __init__(self):
         super().__init__()

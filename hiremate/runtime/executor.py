@@ -76,7 +76,9 @@ class RematModule(torch.nn.Module):
     inputs differ from those the graph was built for: ``"raise"`` (an
     :class:`InputMismatchError`), or a callable ``(args, kwargs, error) -> RematModule`` that
     builds a module for the new inputs (it is kept and reused for inputs of that signature;
-    with ``max_others``, at most that many are kept, the least recently used evicted).
+    with ``max_others``, at most that many are kept, the least recently used evicted). A CPU
+    training step at another intra-op thread count than the graph's build goes to such a
+    module too, built at that count (with ``"raise"``: it runs here, after a warning).
     ``on_output_gradient`` serves a backward that reaches an output the graph gives no
     tangent (``meta["untangented_outputs"]``): a callable ``(args, kwargs, rng_states, inputs,
     params, grad_outputs, needs) -> gradients`` that differentiates the call again with every
@@ -268,25 +270,7 @@ class RematModule(torch.nn.Module):
         except InputMismatchError as err:
             if self._on_mismatch == "raise":
                 raise
-            key = self._checker.signature(leaves, spec)
-            other = self._others.get(key)
-            if other is None:
-                if key in self._evicted and not self._thrash_warned:
-                    log.warning("inputs of more shapes than the %d modules kept (max_shapes) "
-                                "come in turn, so each evicted shape is captured again when it "
-                                "returns; raise max_shapes, or pad the inputs to a few fixed "
-                                "shapes (sequence lengths in buckets)", self._max_others)
-                    self._thrash_warned = True
-                other = self._on_mismatch(args, kwargs, err)
-                self._others[key] = other
-                while self._max_others is not None and len(self._others) > self._max_others:
-                    old_key, _ = self._others.popitem(last=False)
-                    self._evicted.add(old_key)
-                    log.info("evicted the module built for inputs %s (least recently used; "
-                             "at most %d kept)", old_key, self._max_others)
-            else:
-                self._others.move_to_end(key)
-            return other._call(args, kwargs, flat)
+            return self._other(leaves, spec, args, kwargs, err)._call(args, kwargs, flat)
         if self._out_spec is None:
             self._out_spec = derive_output_spec(self.model, args, kwargs, len(self._out_values))
         params = self._lookup(self._param_slots)
@@ -309,7 +293,10 @@ class RematModule(torch.nn.Module):
                 f"({', '.join(unfrozen[:3])}{', ...' if len(unfrozen) > 3 else ''}); the graph "
                 "computes none for them: build the graph again (HRockmate does so by itself)")
         if training:
-            self._warn_other_threads(device)
+            other_threads = self._other_threads(device)
+            if other_threads is not None:
+                return self._other(leaves, spec, args, kwargs, other_threads)._call(
+                    args, kwargs, flat)
             # what a backward that reaches an untangented output needs to run the call again
             replay = ((args, kwargs, generator_states(_cuda_index(device))
                        if self._replays_random else None)
@@ -323,20 +310,53 @@ class RematModule(torch.nn.Module):
                 outs, _ = prog.fn(call, None, inputs, params, frozen, buffers, ())
         return tuple(outs) if flat else self._rebuild(outs)
 
-    def _warn_other_threads(self, device: torch.device) -> None:
-        """Warn once when a CPU step runs at another intra-op thread count than the graph was
-        built at: CPU convolutions take scratch of another size then (oneDNN's per-thread
-        buffers), which the schedule's memory does not count."""
-        if self._threads_warned or device.type != "cpu":
-            return
+    def _other(self, leaves: list, spec: Any, args: tuple, kwargs: dict,
+               why: InputMismatchError) -> "RematModule":
+        """The module ``on_mismatch`` built for this call's inputs and, on a CPU graph, this
+        intra-op thread count (built now when none is kept; ``why`` says why this module does
+        not serve the call)."""
+        threads = torch.get_num_threads() if "cpu_threads" in self._graph.meta else None
+        key = (self._checker.signature(leaves, spec), threads)
+        other = self._others.get(key)
+        if other is not None:
+            self._others.move_to_end(key)
+            return other
+        if key in self._evicted and not self._thrash_warned:
+            log.warning("inputs of more shapes than the %d modules kept (max_shapes) come in "
+                        "turn, so each evicted shape is captured again when it returns; raise "
+                        "max_shapes, or pad the inputs to a few fixed shapes (sequence lengths "
+                        "in buckets)", self._max_others)
+            self._thrash_warned = True
+        other = self._on_mismatch(args, kwargs, why)
+        self._others[key] = other
+        while self._max_others is not None and len(self._others) > self._max_others:
+            old_key, _ = self._others.popitem(last=False)
+            self._evicted.add(old_key)
+            log.info("evicted the module built for inputs %s (least recently used; at most %d "
+                     "kept)", old_key, self._max_others)
+        return other
+
+    def _other_threads(self, device: torch.device) -> InputMismatchError | None:
+        """Why a CPU training step at another intra-op thread count than the graph was built
+        at is not this module's to run: CPU convolutions take scratch of another size then
+        (oneDNN's per-thread buffers), which the schedule's memory does not count. With
+        ``on_mismatch`` a callable, the step goes to a module built at its thread count, as
+        for new inputs; with ``"raise"``, it runs here after a warning (once)."""
+        if device.type != "cpu" or (self._threads_warned and self._on_mismatch == "raise"):
+            return None
         built, now = self._graph.meta.get("cpu_threads"), torch.get_num_threads()
         if built is None or built == now:
-            return
+            return None
+        if self._on_mismatch != "raise":
+            return InputMismatchError(
+                f"this module's graph was built at {built} intra-op threads and the step runs "
+                f"at {now}: CPU kernels such as convolutions take scratch of another size then")
         self._threads_warned = True
         log.warning("this module's graph was built at %d intra-op threads and runs at %d: "
                     "CPU kernels such as convolutions may take scratch of another size, so the "
                     "peak may differ from the one solved for; build it at the thread count "
                     "you train with (torch.set_num_threads before HRockmate)", built, now)
+        return None
 
     def _untangented_backward(self, run: "_Run", inputs: list, params: list,
                               grad_outputs: tuple, needs: tuple) -> list:
