@@ -20,7 +20,9 @@ from hiremate.solvers.chain.rk_rotor import BlockOp
 from hiremate.solvers.chain.rk_rotor_top import RkRotorTop
 from hiremate.solvers.hilp import top as hilp_top
 from hiremate.solvers.hilp.backends import solve_milp
-from hiremate.solvers.hilp.hier import build_hier_model, solution_sequence, top_graph
+from hiremate.solvers.hilp.hier import (
+    build_hier_model, lowest_budget_met, solution_sequence, top_graph,
+)
 from hiremate.solvers.hilp.starts import chain_stages, chain_start, plan_start
 from hiremate.solvers.hilp.top import HilpTop
 from hiremate.solving import solve_graph
@@ -114,6 +116,51 @@ def test_no_round_above_a_fit_its_work_limit_stopped():
     stopped = hilp_top._Search(1000)
     stopped.fit(1000, 900, proved=False)
     assert stopped.next_budgets() == []
+
+
+def test_no_round_below_an_overflow_proved_optimal_down_to_where_its_solution_holds():
+    """Between a fit and an overflow whose MILP was solved to optimality, the search tries only
+    below the lowest budget that still admits the overflow's solution: above it a MILP would
+    find the same objective again. The check can fail: without that budget, the thirds."""
+    plain = hilp_top._Search(1000)
+    plain.fit(1000, 900)
+    plain.over(1090, 1010)
+    assert plain.next_budgets() == [1030, 1060]
+    known = hilp_top._Search(1000)
+    known.fit(1000, 900)
+    known.over(1090, 1010, same_from=1015)  # within RETRY_ROOM of the fit: done
+    assert known.next_budgets() == []
+    known.over(1090, 1010, same_from=1060)
+    assert known.next_budgets() == [1020, 1040]
+
+
+def _violation(hm, x) -> float:
+    """How far ``x`` breaks the bounds of ``hm``'s MILP (0: it meets them all)."""
+    m = hm.milp
+    ax = m.A @ x
+    return float(max(0.0, (ax - m.row_hi).max(), (m.row_lo - ax).max(), (x - m.col_hi).max(),
+                     (m.col_lo - x).max()))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10**6), n=st.integers(8, 14), fraction=st.sampled_from([0.3, 0.8]))
+def test_the_lowest_budget_met_admits_the_solution_and_one_below_does_not(seed, n, fraction):
+    """:func:`lowest_budget_met` against the models themselves: a MILP's solution at a budget
+    is a point of the model (same memory unit) at the budget it names, and of none a byte
+    lower, where its memory would exceed the bound."""
+    g = random_graph(seed, n)
+    problem = problem_of(g, SequencePartition())
+    budget = _tight(g, problem, fraction)
+    top = top_graph(problem, True)
+    hm = build_hier_model(top, budget, float(budget))
+    res = _solve(hm.milp)
+    if not res.has_solution:
+        return
+    low = lowest_budget_met(hm, res.x)
+    assert low <= budget
+    solved = _violation(hm, res.x)  # the backend's own tolerance, on any row
+    assert _violation(build_hier_model(top, low, float(budget)), res.x) <= solved + 1e-12
+    assert _violation(build_hier_model(top, low - 1, float(budget)), res.x) > solved
 
 
 def test_hilp_top_gets_rk_rotors_chains(monkeypatch):

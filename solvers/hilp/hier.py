@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from hiremate.solvers.hilp.model import HilpModel, Milp, _cap, _Rows, build_model
+from hiremate.solvers.hilp.model import MEM_MARGIN, HilpModel, Milp, _cap, _Rows, build_model
 # the top graph and the option figures, re-exported: this module's users import them from here
 from hiremate.solvers.hilp.topgraph import (  # noqa: F401
     OptionCost, Profile, TopGraph, checkpoint_options, option_costs, top_graph,
@@ -325,6 +325,23 @@ def solution_sequence(hm: HierModel, x: np.ndarray) -> tuple[list[int], list[tup
             steps.append((t, k, o))
             seq.extend(top.sequence(k, o))
     return seq, steps
+
+
+def lowest_budget_met(hm: HierModel, x: np.ndarray) -> int:
+    """The lowest budget (bytes) whose model, with ``hm``'s memory unit and save budget, still
+    admits ``x``: the budget enters the model only as the bound of its memory rows and
+    columns, so ``x`` meets every budget from there up. Why it matters: a solution proved
+    optimal at one budget is then optimal at every budget down to this one, where a MILP
+    could only find its objective again (:meth:`~hiremate.solvers.hilp.top.HilpTop._search`
+    does not try them)."""
+    milp, unit = hm.milp, hm.flat.mem_unit
+    cap = _cap(hm.flat.budget, unit)
+    near = 1e-12 * max(abs(cap), 1.0)
+    rows = np.flatnonzero(np.abs(milp.row_hi - cap) <= near)
+    cols = np.flatnonzero(np.abs(milp.col_hi - cap) <= near)
+    used = max(float((milp.A[rows] @ x).max(initial=0.0)), float(x[cols].max(initial=0.0)))
+    # the inverse of _cap, rounded up: at that budget the bound is at least ``used``
+    return int(np.ceil(used * unit - 0.5 + MEM_MARGIN * unit))
 
 
 def carry_solution(old: HierModel, x: np.ndarray, new: HierModel) -> np.ndarray | None:

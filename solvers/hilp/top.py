@@ -33,7 +33,8 @@ from hiremate.units import fmt_bytes
 
 from hiremate.solvers.hilp.backends import SAFETY_TIME, solve_milp
 from hiremate.solvers.hilp.hier import (
-    HierModel, TopGraph, build_hier_model, carry_solution, solution_sequence, top_graph,
+    HierModel, TopGraph, build_hier_model, carry_solution, lowest_budget_met, solution_sequence,
+    top_graph,
 )
 from hiremate.solvers.hilp.model import gcd_unit
 from hiremate.solvers.hilp.starts import chain_start, plan_start
@@ -442,7 +443,8 @@ class HilpTop:
         state.lowest = sim.peak if state.lowest is None else min(state.lowest, sim.peak)
         seen = tuple(sol.sequence)
         if sim.peak > state.budget:
-            state.over(abstract, sim.peak)
+            proved = sol.status == "optimal" and sol.model is not None
+            state.over(abstract, sim.peak, lowest_budget_met(sol.model, sol.x) if proved else None)
             return False
         if seen in state.sequences:
             state.stop = True  # a higher abstract budget gave the same schedule
@@ -470,7 +472,8 @@ class _Search:
     """The state of :meth:`HilpTop._search`: what was tried and found, the highest abstract
     budget known to fit (``ok``, with its simulated peak ``ok_peak``) and the simulated peak of
     each abstract budget that overflowed (``over_at``; the lowest above ``ok`` bounds the
-    search)."""
+    search; ``same_from``: for an overflow whose MILP was solved to optimality, the lowest
+    abstract budget that still admits its solution, down to which it stays optimal)."""
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -484,6 +487,7 @@ class _Search:
         self.ok_peak = 0
         self.ok_proved = True
         self.over_at: dict[int, int] = {}
+        self.same_from: dict[int, int] = {}
 
     def fit(self, abstract: int, peak: int, proved: bool = True) -> None:
         """A try at ``abstract`` fitted with simulated ``peak``; ``proved``: its MILP was
@@ -491,8 +495,10 @@ class _Search:
         if self.ok is None or abstract > self.ok:
             self.ok, self.ok_peak, self.ok_proved = abstract, peak, proved
 
-    def over(self, abstract: int, peak: int) -> None:
+    def over(self, abstract: int, peak: int, same_from: int | None = None) -> None:
         self.over_at[abstract] = peak
+        if same_from is not None:
+            self.same_from[abstract] = min(same_from, abstract)
 
     def next_budgets(self) -> list[int]:
         """The next round's abstract budgets (ascending; none: the search is done). Above a
@@ -512,9 +518,13 @@ class _Search:
                 return []
             if bad is None:
                 wanted = [self.ok + room // 2, self.ok + room]
-            elif bad - self.ok <= limit:
-                return []
             else:
+                # below an overflow proved optimal, down to where its solution is still
+                # admitted, a MILP finds its objective again (FNO3d: a third round gave the
+                # same schedule)
+                bad = max(min(self.same_from.get(a, a) for a in above), self.ok)
+                if bad - self.ok <= limit:
+                    return []
                 third = (bad - self.ok) / 3
                 wanted = [int(self.ok + third), int(self.ok + 2 * third)]
         elif bad is not None:
