@@ -85,7 +85,9 @@ def test_a_step_at_another_cpu_thread_count_is_built_for_it(caplog):
     model = ConvNet().double()
     eager = copy.deepcopy(model)
     x = torch.randn(4, 3, 8, 8, dtype=torch.float64)
-    h = HRockmate(model, x, 0.5, **CONV)  # built at one thread (the autouse fixture)
+    # built at one thread (the autouse fixture); the recapture is what is checked, so no
+    # calibration's re-solves, and FLOP costs (the roofline would be fitted at two threads)
+    h = HRockmate(model, x, 0.5, **{**CONV, "calibrate": 0, "cost_model": "flops"})
     assert h.graph.meta["cpu_threads"] == 1
     try:
         torch.set_num_threads(2)
@@ -103,6 +105,26 @@ def test_a_step_at_another_cpu_thread_count_is_built_for_it(caplog):
     assert variant["report"]["predicted_peak"] <= variant["report"]["budget"]
     compare_with_eager(h, model, eager, x, 3)  # back at the build's count: no new capture
     assert h.recaptures == 1
+
+
+def test_with_on_new_inputs_raise_another_thread_count_runs_after_a_warning(caplog):
+    """``on_new_inputs: raise`` builds nothing after the wrapper: a step at another thread
+    count runs the build's schedule, warned about once, with eager's gradients."""
+    torch.manual_seed(0)
+    model = MLP().double()
+    eager = copy.deepcopy(model)
+    (x,) = mlp_inputs(4)
+    h = HRockmate(model, x, 1.0, on_new_inputs="raise", calibrate=0, **FAST)
+    try:
+        torch.set_num_threads(2)
+        with caplog.at_level(logging.WARNING, logger="hiremate.runtime.executor"):
+            for seed in (1, 2):
+                compare_with_eager(h, model, eager, x, seed)
+    finally:
+        torch.set_num_threads(1)
+    assert h.recaptures == 0 and h.variants() == []
+    assert sum("built at 1 intra-op threads and runs at 2" in r.getMessage()
+               for r in caplog.records) == 1
 
 
 class MLP(nn.Module):
