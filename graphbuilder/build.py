@@ -79,7 +79,8 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
         meta["input_constants"] = constants
     if device.type == "cpu":  # left out on a GPU, whose kernels' scratch does not follow it
         # a CPU convolution's scratch depends on the intra-op threads (oneDNN's per-thread
-        # buffers): the executor warns when it runs at another count than the build measured
+        # buffers): a step at another count is built for it (HRockmate) or warned about
+        # (an executor built alone)
         meta["cpu_threads"] = torch.get_num_threads()
     cast = autocast_dtype(device.type)
     if cast is not None:  # left out otherwise, so that graphs captured without it keep their key

@@ -77,6 +77,20 @@ def test_new_batch_size_is_captured_once_with_the_fraction_resolved_again(caplog
     assert h.recaptures == 1
 
 
+def steps_at_two_threads(h: HRockmate, model: nn.Module, eager: nn.Module, x: torch.Tensor,
+                         caplog, level: int, logger: str) -> None:
+    """Two steps at two intra-op threads (the module was built at one, the autouse fixture's
+    count, restored after), each compared with eager's; ``logger``'s records at ``level``
+    captured."""
+    try:
+        torch.set_num_threads(2)
+        with caplog.at_level(level, logger=logger):
+            for seed in (1, 2):
+                compare_with_eager(h, model, eager, x, seed)
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_a_step_at_another_cpu_thread_count_is_built_for_it(caplog):
     """CPU convolutions take scratch of another size at another intra-op thread count, so a
     training step at another count than the build's is captured and solved at that count,
@@ -89,13 +103,7 @@ def test_a_step_at_another_cpu_thread_count_is_built_for_it(caplog):
     # calibration's re-solves, and FLOP costs (the roofline would be fitted at two threads)
     h = HRockmate(model, x, 0.5, **{**CONV, "calibrate": 0, "cost_model": "flops"})
     assert h.graph.meta["cpu_threads"] == 1
-    try:
-        torch.set_num_threads(2)
-        with caplog.at_level(logging.INFO, logger="hiremate.api"):
-            for seed in (1, 2):
-                compare_with_eager(h, model, eager, x, seed)
-    finally:
-        torch.set_num_threads(1)
+    steps_at_two_threads(h, model, eager, x, caplog, logging.INFO, "hiremate.api")
     assert h.recaptures == 1
     assert sum("built at 1 intra-op threads and the step runs at 2" in r.getMessage()
                for r in caplog.records) == 1
@@ -115,13 +123,7 @@ def test_with_on_new_inputs_raise_another_thread_count_runs_after_a_warning(capl
     eager = copy.deepcopy(model)
     (x,) = mlp_inputs(4)
     h = HRockmate(model, x, 1.0, on_new_inputs="raise", calibrate=0, **FAST)
-    try:
-        torch.set_num_threads(2)
-        with caplog.at_level(logging.WARNING, logger="hiremate.runtime.executor"):
-            for seed in (1, 2):
-                compare_with_eager(h, model, eager, x, seed)
-    finally:
-        torch.set_num_threads(1)
+    steps_at_two_threads(h, model, eager, x, caplog, logging.WARNING, "hiremate.runtime.executor")
     assert h.recaptures == 0 and h.variants() == []
     assert sum("built at 1 intra-op threads and runs at 2" in r.getMessage()
                for r in caplog.records) == 1
