@@ -90,6 +90,26 @@ def test_sequence_path_skipped_on_large_blocks_and_off_by_default():
     assert Config().sequence_top == []
 
 
+def test_sequence_path_skipped_when_one_block_holds_most_of_the_graph():
+    """A random DAG's sequence chain is an input block and one block of the rest: its menu
+    would be MILPs on nearly the whole graph, so the path is skipped and says why; a chain of
+    many small blocks (the mixer above) still runs it."""
+    from hiremate.registry import make_partitioner
+    from hiremate.testing.synthetic import random_graph
+
+    graph = random_graph(4, 10, max_fanin=2)
+    hierarchy = make_partitioner("sequence", {}).partition(graph)
+    sizes = [len(hierarchy.leaves(p)) for p in hierarchy.top]
+    # within the size bound, so the share is what skips it
+    assert max(sizes) <= load_config("hiremate").sequence_max_block
+    assert 2 * max(sizes) > sum(sizes)
+    res = solve_graph(graph, 0.8, "hiremate", **FAST)
+    assert "more than half" in res.report["sequence_path"]["skipped"]
+    assert not any(n.startswith("sequence:") for n in res.report["candidates"])
+    sim = hiremate.simulate(graph, res.schedule)
+    assert sim.valid and sim.peak <= res.report["budget"]
+
+
 @pytest.mark.parametrize("bad", [["nope"], "x", -1])
 def test_sequence_keys_are_checked(bad):
     key = "sequence_max_block" if isinstance(bad, int) else "sequence_top"

@@ -259,15 +259,25 @@ def _sequence_path(graph: Graph, budget: int, cfg: Any, cache: Any, found: Paths
     cut at single boundaries), a ``bottom`` menu for each unique block with ``n_options`` each,
     and the ``sequence_top`` composers over the chain. On graphs whose hierarchy folds many
     small layers into a few large subgraphs, the chain DP over fine blocks is often faster
-    to run and finds a better schedule; candidates are named ``sequence:<composer>``."""
+    to run and finds a better schedule; candidates are named ``sequence:<composer>``.
+
+    Not run when a block holds more than half of the forward nodes: the chain then has at
+    most one large block, and its menu is a dozen MILPs on most of the graph, slower than the
+    hierarchy, which solves that graph in smaller parts, and leaves the chain DP little to
+    choose (measured in docs/results-history.md, "Stop 61")."""
     from hiremate.registry import make_partitioner
 
     t0 = time.perf_counter()
     hierarchy = make_partitioner("sequence", {}).partition(graph)
-    largest = max(len(hierarchy.leaves(p)) for p in hierarchy.top)
+    sizes = [len(hierarchy.leaves(p)) for p in hierarchy.top]
+    largest = max(sizes)
     if largest > cfg.sequence_max_block:
         report["sequence_path"] = {"skipped": f"a block of {largest} forward nodes "
                                               f"(sequence_max_block {cfg.sequence_max_block})"}
+        return
+    if 2 * largest > sum(sizes):
+        report["sequence_path"] = {"skipped": f"a block of {largest} of the chain's "
+                                              f"{sum(sizes)} forward nodes (more than half)"}
         return
     seq_cfg = cfg.replace(total_options=None)
     facts = _compose(graph, budget, seq_cfg, cache, found, hierarchy, False, cfg.sequence_top,
