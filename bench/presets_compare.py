@@ -9,8 +9,9 @@ them, at 0.5 of its autodiff peak) and on the residual blocks of the preset test
 Graphs are built with FLOP costs (every predicted time is deterministic), the models as in
 ``tests/test_presets_compare.py`` (width 32, batch 16). Each row: the preset, its predicted
 time relative to autodiff (simulated; ``-`` when it meets nothing), its winner, its solve
-seconds, and its time against the default's. The ``hilp`` and ``checkmate`` presets stop
-their flat MILPs by wall clock (30 and 60 s), so on a busy machine they can find less.
+seconds, and its time against the default's. The ``hilp`` and ``checkmate`` presets' flat
+MILPs stop at 2,000 branch-and-bound nodes (600 s of wall clock as a safety cap): on a graph of
+a hundred nodes and more, and at tight budgets, they take minutes.
 """
 
 from __future__ import annotations

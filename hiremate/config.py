@@ -19,7 +19,8 @@ Levels (where a solver may be placed):
   (Rockmate's two levels, ``bottom`` menus of ``n_options`` each): a chain of small blocks
   sometimes suits rk-Rotor better than the hierarchy's few large top-level subgraphs, and costs
   little; empty (the default) or with ``partitioner: sequence``: not run, nor when a sequence
-  block has more than ``sequence_max_block`` forward nodes (its menus would take minutes);
+  block has more than ``sequence_max_block`` forward nodes (its menus would take minutes) or
+  more than half of the graph's (its menu would be MILPs on most of the graph);
 - ``polish``: solvers with a ``polish(graph, budget, schedule)`` method (``fastsa``: its
   annealing started from the schedule) run from the fastest candidate of each of the
   ``polish_from`` fastest sources (every path's candidates, the pool's too); what they find
