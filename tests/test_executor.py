@@ -56,6 +56,24 @@ def test_exposes_graph_schedule_prediction() -> None:
     assert list(remat.parameters()) == list(model.parameters())
 
 
+def test_a_step_reads_no_graph_meta(monkeypatch) -> None:
+    """``Graph.meta`` hands out a copy (a JSON round trip); a step that read it was slower by
+    that copy on every call, which a small model's step time shows. The module reads what it
+    needs once, when it is built."""
+    from hiremate.ir.graph import Graph
+
+    graph = graph_of("mlp")
+    model, x = get_model("mlp")
+    remat = RematModule(model, graph, schedules_of(graph)["keep-half"])
+    remat(x).sum().backward()  # the first step generates the programs
+    reads = []
+    copy = Graph.meta.fget
+    monkeypatch.setattr(Graph, "meta", property(lambda g: reads.append(1) or copy(g)))
+    for _ in range(2):
+        remat(x).sum().backward()
+    assert not reads
+
+
 def test_invalid_schedule_is_refused() -> None:
     graph = graph_of("mlp")
     sched = schedules_of(graph)["autodiff"]
