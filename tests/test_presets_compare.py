@@ -83,3 +83,24 @@ def test_default_never_worse_than_another_preset(graph, fraction):
         assert default is not None, f"default found nothing where {sorted(found)} did"
     worse = {p: t for p, t in found.items() if default > t * (1 + 1e-9)}
     assert not worse, f"default {default:.6g} slower than {worse}"
+
+
+def test_the_bench_prints_each_preset_against_the_default(capsys):
+    """``bench/presets_compare.py`` (the issue's chain against every preset, docs/results.md):
+    one row per preset, the default's ratio 1, and a preset that meets nothing named by its
+    error rather than dropped."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import presets_compare
+
+    presets_compare.main(["--layers", "4", "--budgets", "0.7", "0.05",
+                          "--presets", "hiremate", "rockmate", "twremat"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| 0.")]
+    assert [r[1] for r in rows] == ["hiremate", "rockmate", "twremat"] * 2
+    assert float(rows[0][2]) > 1 and rows[0][5].startswith("1.0000")
+    assert float(rows[1][5].rstrip(" |")) >= 1  # rockmate: never better than the default
+    # TW-Remat meets nothing at 0.7 on this chain, and no preset meets 0.05
+    assert all(r[3] == "InfeasibleBudgetError" for r in rows[2:])
