@@ -111,8 +111,8 @@ class RematModule(torch.nn.Module):
         self._input_rg: list[bool] = meta.get("input_requires_grad", [])
         self._tangent_for_output: list[int] = meta.get("tangent_for_output", [])
         self._out_values: list[Any] = meta.get("output_values", [])
-        # read once: ``graph.meta`` is a copy, too slow for a check on every step
-        self._graph_on_cpu_threads = "cpu_threads" in meta
+        # read once: ``graph.meta`` is a copy, too slow for a check on every step; None on a
+        # graph not built on the CPU
         self._built_threads: int | None = meta.get("cpu_threads")
         self._resolve_slots()
         self._check_shapes(graph)
@@ -318,7 +318,7 @@ class RematModule(torch.nn.Module):
         """The module ``on_mismatch`` built for this call's inputs and, on a CPU graph, this
         intra-op thread count (built now when none is kept; ``why`` says why this module does
         not serve the call)."""
-        threads = torch.get_num_threads() if self._graph_on_cpu_threads else None
+        threads = torch.get_num_threads() if self._built_threads is not None else None
         key = (self._checker.signature(leaves, spec), threads)
         other = self._others.get(key)
         if other is not None:
