@@ -41,7 +41,10 @@ its schedules (``flat_deferred`` in the report). With ``flat_gap`` (a fraction; 
 flat H-ILP waits for the hierarchy and the polish, and runs only where their best schedule is
 more than that fraction above the moment bound, a time no in-order schedule beats
 (``flat_gate`` in the report; :mod:`hiremate.composer.flat`): near its size limit its MILP
-outlasts the rest of the solve, and where the bound leaves little it cannot win more.
+outlasts the rest of the solve, and where the bound leaves little it cannot win more. With
+``flat_gap_columns`` as well, that fraction is the threshold of a MILP of that many columns, and
+a smaller MILP's threshold shrinks in proportion: what the MILP costs grows with its size, so on
+a small graph it runs for a smaller gap.
 When the hierarchy's top level finds no schedule within the budget (and the budget
 is not below the graph's memory floor, where none could), the graph is partitioned again with a
 top at most half as large (the partitioner's ``coarser``), up to ``coarser_tops`` times: the
@@ -104,6 +107,7 @@ class Config:
     hierarchical_above: float = 1.0  # skip the hierarchy when a flat schedule is this fast
     flat_rewarm: bool = False    # flat H-ILP again, warm-started from the hierarchy's schedules
     flat_gap: float | None = None  # flat H-ILP only where the others leave more to the bound
+    flat_gap_columns: int | None = None  # ... flat_gap holds at this MILP size, scaled below it
     coarser_tops: int = 2        # partitions with a smaller top tried when the top finds nothing
     solver_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     n_options: int = 8           # options kept per block at most
@@ -208,6 +212,12 @@ class Config:
             raise ConfigError(f"flat_gap must be a fraction >= 0 (the flat H-ILP runs where the "
                               f"best other schedule is more than that above the bound) or "
                               f"null (always), got {self.flat_gap!r}")
+        if self.flat_gap_columns is not None and (isinstance(self.flat_gap_columns, bool) or
+                                                  not isinstance(self.flat_gap_columns, int) or
+                                                  self.flat_gap_columns < 1):
+            raise ConfigError(f"flat_gap_columns must be a positive number of MILP columns (the "
+                              f"size at which flat_gap holds) or null (flat_gap at every size), "
+                              f"got {self.flat_gap_columns!r}")
         for key, typ in (("flat_max_nodes", int), ("hierarchical_above", (int, float)),
                          ("sequence_max_block", int)):
             v = getattr(self, key, 0)

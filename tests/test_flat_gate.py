@@ -39,13 +39,62 @@ def test_the_default_preset_gates_the_flat_hilp():
 def test_a_small_gap_skips_the_flat_hilp(monkeypatch):
     graph = random_graph(3, 12)
     calls = _spied(monkeypatch)
-    res = solve_graph(graph, 0.9, "hiremate", **FAST)  # the others reach 1.8 % of the bound
+    # the others reach 1.8 % of the bound; flat_gap alone, not scaled down on this small MILP
+    res = solve_graph(graph, 0.9, "hiremate", flat_gap_columns=None, **FAST)
     assert "hilp" not in [name for name, _ in calls]
     gate = res.report["flat_gate"]
     assert gate["ran"] is False and gate["gap"] <= gate["threshold"] == 0.05
     assert res.report["hierarchical_path"] and res.report["polish"]  # the trial polish is final
     sim = hiremate.simulate(graph, res.schedule)
     assert sim.valid and sim.peak <= res.report["budget"]
+
+
+def test_on_a_small_milp_the_threshold_shrinks_with_its_columns(monkeypatch):
+    """The default's ``flat_gap_columns``: the same graph and budget as above, whose MILP has a
+    few thousand columns, so a gap of 1.8 % is above its threshold and the MILP runs."""
+    from hiremate.solvers.hilp.flat import HilpSolver
+
+    graph = random_graph(3, 12)
+    cfg = load_config("hiremate")
+    res = solve_graph(graph, 0.9, "hiremate", **FAST)
+    columns = HilpSolver().build(graph, res.report["budget"]).stats["cols"]
+    assert columns < cfg.flat_gap_columns
+    gate = res.report["flat_gate"]
+    assert gate["threshold"] == pytest.approx(cfg.flat_gap * columns / cfg.flat_gap_columns,
+                                              abs=1e-6)
+    assert gate["gap"] > gate["threshold"] and gate["ran"] is True
+    assert "hilp" in res.report["candidates"]
+    # at or above that size, the threshold is flat_gap itself
+    big = cfg.replace(flat_gap_columns=columns)
+    assert composer_flat.gate_threshold(graph, res.report["budget"], big) == cfg.flat_gap
+    sim = hiremate.simulate(graph, res.schedule)
+    assert sim.valid and sim.peak <= res.report["budget"]
+
+
+def test_when_the_milp_runs_the_trial_polish_is_kept(monkeypatch):
+    """The gate's trial polish starts from the fastest sources before the MILP; the final one
+    starts from them with the MILP's schedules among them, which can push a source out (one
+    start here). The trial's schedules stay candidates: running the MILP never loses them."""
+    import hiremate.composer.solve as composer_solve
+
+    graph = random_graph(2, 10)
+    polishes: list[list] = []
+    real = composer_solve._polish
+
+    def spy(*args, **kwargs):
+        polishes.append(real(*args, **kwargs))
+        return polishes[-1]
+
+    monkeypatch.setattr(composer_solve, "_polish", spy)
+    res = solve_graph(graph, 0.9, "hiremate", flat_gap=0.0, polish_from=1, **FAST)
+    assert res.report["flat_gate"]["ran"] is True and len(polishes) == 2
+    trial, final = polishes
+    # the MILP's schedule displaced the trial's start, and the trial's polish was the fastest
+    assert trial and not {c.source for c in trial} & {c.source for c in final}
+    assert res.report["solver"] in {c.source for c in trial}
+    for c in trial:
+        assert res.report["candidates"][c.source]["time"] <= c.sim.time
+    assert res.sim.time <= min(c.sim.time for c in trial + final)
 
 
 def test_a_gap_above_the_threshold_runs_it_after_the_hierarchy(monkeypatch):
@@ -99,7 +148,7 @@ def test_where_nothing_else_fits_it_runs(monkeypatch):
         if after_menus is not None:
             after_menus()
     monkeypatch.setattr(composer_solve, "_hierarchical_path", nothing)
-    res = solve_graph(graph, 0.8, "hiremate", **FAST)
+    res = solve_graph(graph, 0.8, "hiremate", flat_gap_columns=None, **FAST)
     assert res.report["flat_gate"] == {"gap": None, "threshold": 0.05, "ran": True,
                                       "early": False}
     assert calls == [("twremat", 0), ("fastsa", 0), ("hilp", 0)]
@@ -143,6 +192,13 @@ def test_a_skipped_flat_hilp_costs_at_most_the_gap(seed, n, fraction):
 def test_flat_gap_is_checked(bad):
     with pytest.raises(ConfigError, match="flat_gap"):
         load_config("hiremate", flat_gap=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -5, True, 1.5e4, "16000"])
+def test_flat_gap_columns_is_checked(bad):
+    with pytest.raises(ConfigError, match="flat_gap_columns must be a positive number"):
+        load_config("hiremate", flat_gap_columns=bad)
+    assert isinstance(ConfigError("x"), ValueError)
 
 
 def test_where_the_flat_hilp_runs_no_start_is_polished_twice(monkeypatch):

@@ -54,7 +54,9 @@ def _graph(model: torch.nn.Module):
 def graph(request):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = _chain(12) if request.param == "chain12" else _Residual(6)
+        kind = request.param.rstrip("0123456789")
+        size = int(request.param[len(kind):])
+        model = _chain(size) if kind == "chain" else _Residual(size)
     return _graph(model)
 
 
@@ -68,9 +70,12 @@ def _predicted(graph, budget: float, preset: str) -> float | None:
     return sim.time
 
 
-# at 0.5 the chain's flat MILPs (the hilp and checkmate presets) take 30-40 s in all: that
-# case is the full run's
+# at 0.5 the chains' flat MILPs (the hilp and checkmate presets) take 30-70 s in all: those
+# cases are the full run's. On the 10-layer chain at 0.5 the hierarchy's best is 2.5 % slower
+# than theirs; the default's flat H-ILP, gated by a threshold that shrinks on a MILP this small
+# (flat_gap_columns), runs and finds it (without that scaling the gate skipped it at 5 %).
 @pytest.mark.parametrize("graph, fraction", [
+    pytest.param("chain10", 0.5, marks=pytest.mark.slow, id="chain10-0.5"),
     pytest.param("chain12", 0.5, marks=pytest.mark.slow, id="chain12-0.5"),
     pytest.param("chain12", 0.7, id="chain12-0.7"),
     pytest.param("residual6", 0.5, id="residual6-0.5"),

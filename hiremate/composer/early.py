@@ -13,8 +13,8 @@ The schedule does not change: the MILP is the same problem with the same work li
 answer does not depend on when it ran or what ran beside it, and the gate's decision is made
 as before. It starts only when a second core is there (``n_jobs`` other than 1; not with
 joblib's ``multiprocessing`` backend, which forks), when the flat heuristics leave more than
-``flat_gap`` to the bound (else the gate is sure to skip it), and when its backend can be
-cancelled (HiGHS in this process: :func:`~hiremate.solvers.hilp.backends.can_cancel`).
+the gate's threshold to the bound (else the gate is sure to skip it), and when its backend can
+be cancelled (HiGHS in this process: :func:`~hiremate.solvers.hilp.backends.can_cancel`).
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def plan_early_flat_hilp(graph: Graph, budget: int, cfg: Any, candidates: list[C
             or not spare_core(cfg.n_jobs) or cfg.backend == "multiprocessing"):
         return None  # (a fork of the menus' workers must not copy a thread inside HiGHS)
     own = [c.sim.time for c in candidates if c.source in cfg.flat]
-    if not own or not 0 < bound < float("inf") or min(own) / bound - 1 <= cfg.flat_gap:
+    if (not own or not 0 < bound < float("inf")
+            or min(own) / bound - 1 <= composer_flat.gate_threshold(graph, budget, cfg)):
         return None  # deferred (no flat heuristic fits), or sure to be skipped by the gate
     params = cfg.solver_params.get("hilp", {})
     if not can_cancel(getattr(getattr(make_solver("hilp", params), "config", None),

@@ -7,8 +7,9 @@ graphs the hierarchy and its polish already find as good a schedule, so with ``f
 the MILP waits for them (:func:`gated_flat_hilp`) and runs only where their best schedule
 leaves more than that fraction to the moment bound
 (:func:`~hiremate.solvers.hilp.moment_bound.moment_time_bound`), which no in-order schedule
-beats: where the bound leaves little to win, the MILP cannot win more. Figures:
-docs/results-history.md, "Stop 45".
+beats: where the bound leaves little to win, the MILP cannot win more. With
+``flat_gap_columns`` that fraction shrinks with the MILP's size (:func:`gate_threshold`), since
+a small MILP costs little. Figures: docs/results-history.md, "Stop 45" and "Stop 62".
 """
 
 from __future__ import annotations
@@ -117,39 +118,43 @@ def flat_path(graph: Graph, budget: int, cfg: Any, found: Paths, hold_hilp: bool
 
 def gated_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths, report: dict[str, Any],
                     polish: Callable[[list[Candidate]], list[Candidate]],
-                    bound: float | None = None, early: Any = None) -> list[Candidate] | None:
+                    bound: float | None = None, early: Any = None
+                    ) -> tuple[list[Candidate], bool]:
     """The flat H-ILP that :func:`flat_path` held back, run only where the other paths leave
-    more than ``cfg.flat_gap`` to the moment bound (module doc). ``polish`` polishes a list of
-    candidates (the configured polishers; [] when none): the gap is measured after it, since
-    the polish often closes what the hierarchy's schedules leave. Returns that polish's
-    candidates when the MILP was skipped (they are the final polish), else None: the MILP ran
-    as without the gate (cold, then rewarmed; or deferred when no flat heuristic fitted) and
-    the caller polishes everything again. The report's ``flat_gate`` says which and why.
+    more than the gate's threshold (:func:`gate_threshold`) to the moment bound (module doc).
+    ``polish`` polishes a list of candidates (the configured polishers; [] when none): the gap
+    is measured after it, since the polish often closes what the hierarchy's schedules leave.
+    Returns that polish's candidates and whether they are the final polish: so when the MILP
+    was skipped; when it ran (as without the gate: cold, then rewarmed; or deferred when
+    no flat heuristic fitted), the caller polishes again with the MILP's schedules among the
+    starts and keeps these too, since a start the MILP's source displaces may have polished to
+    the fastest schedule. The report's ``flat_gate`` says which and why.
     ``bound``: the moment bound at ``budget`` when the caller has it; ``early``: the cold MILP
     planned to start beside the hierarchy (:mod:`hiremate.composer.early`), taken or cancelled
     here (``flat_gate``'s ``early``: whether it had started before the gate)."""
     from hiremate.solvers.hilp.moment_bound import moment_time_bound
 
     if "hilp" not in cfg.flat or not applicable("hilp", cfg, graph):
-        return None
+        return [], False  # no trial: the caller polishes
     trial = polish(list(found.candidates)) if found.candidates else []
     times = [c.sim.time for c in found.candidates + trial]
     if bound is None:
         bound = moment_time_bound(graph, budget) if times else math.inf
     gap = min(times) / bound - 1 if times and 0 < bound < math.inf else math.inf
-    ran = gap > cfg.flat_gap
+    threshold = gate_threshold(graph, budget, cfg)
+    ran = gap > threshold
     report["flat_gate"] = {"gap": None if math.isinf(gap) else round(gap, 6),
-                           "threshold": cfg.flat_gap, "ran": ran,
+                           "threshold": round(threshold, 6), "ran": ran,
                            "early": early is not None and early.started}
     if not ran:
         if early is not None:
             early.cancel()  # stop it now, not when the solve returns
         log.info("flat hilp skipped: the best schedule is %.2f%% above the bound, within "
-                 "flat_gap %.2f%%", 100 * gap, 100 * cfg.flat_gap)
-        return trial
+                 "the gate's %.2f%%", 100 * gap, 100 * threshold)
+        return trial, True
     if not any(c.source in cfg.flat for c in found.candidates):
         deferred_flat_hilp(graph, budget, cfg, found, report)
-        return None
+        return trial, False
     t0 = time.perf_counter()
     if early is not None:
         cand, low, err = early.result()
@@ -162,7 +167,22 @@ def gated_flat_hilp(graph: Graph, budget: int, cfg: Any, found: Paths, report: d
     record_flat(found, "hilp", cand, low, err)
     if cfg.flat_rewarm:
         rewarm_flat(graph, budget, cfg, found, report)
-    return None
+    return trial, False
+
+
+def gate_threshold(graph: Graph, budget: int, cfg: Any) -> float:
+    """The gap to the moment bound above which the gated flat H-ILP runs: ``cfg.flat_gap``,
+    scaled down in proportion to the MILP's columns below ``cfg.flat_gap_columns`` (when set).
+    The gate trades what the MILP may win against what it costs, and its cost grows with its
+    size: on a chain of a few dozen nodes it takes seconds and can still find a few per cent
+    that the hierarchy's menus miss (docs/results-history.md, "Stop 62")."""
+    if cfg.flat_gap_columns is None:
+        return cfg.flat_gap
+    from hiremate.registry import make_solver
+
+    solver = make_solver("hilp", cfg.solver_params.get("hilp", {}))
+    columns = solver.build(graph, budget).stats["cols"]
+    return cfg.flat_gap * min(1.0, columns / cfg.flat_gap_columns)
 
 
 def applicable(name: str, cfg: Any, graph: Graph) -> bool:

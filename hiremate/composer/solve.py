@@ -137,18 +137,21 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
         report["flat_path"] = flat_used
         report["hierarchical_path"] = hier_used
         pooled = _pooled(pool, budget)
-        polished = None
+        trial, trial_final = [], False
         if gated:
-            polished = gated_flat_hilp(graph, budget, cfg, found, report, lambda cands: _polish(
-                graph, budget, cfg, Paths(cands + pooled), report, memo) if cfg.polish else [],
+            trial, trial_final = gated_flat_hilp(
+                graph, budget, cfg, found, report, lambda cands: _polish(
+                    graph, budget, cfg, Paths(cands + pooled), report, memo) if cfg.polish else [],
                 bound=bound, early=early)
     finally:
         if early is not None:
             early.cancel()  # taken or skipped by the gate, or unwanted when a path raised
     found.candidates.extend(pooled)
     if cfg.polish and found.candidates:
-        found.candidates.extend(polished if polished is not None else
-                                _polish(graph, budget, cfg, found, report, memo))
+        again = [] if trial_final else _polish(graph, budget, cfg, found, report, memo)
+        seen = {(c.source, tuple(c.schedule)) for c in again}
+        found.candidates.extend(again + [c for c in trial
+                                         if (c.source, tuple(c.schedule)) not in seen])
     found.candidates = _with_effects(graph, budget, found.candidates)
     fresh = [c for c in found.candidates if not any(c is p for p in pooled)]
     if pool is not None:
