@@ -97,6 +97,25 @@ def test_when_the_milp_runs_the_trial_polish_is_kept(monkeypatch):
     assert res.sim.time <= min(c.sim.time for c in trial + final)
 
 
+def test_a_hilp_without_a_milp_keeps_the_plain_threshold(monkeypatch):
+    """A user's solver registered as ``hilp`` has no MILP whose columns could be counted."""
+    import hiremate.registry as registry
+
+    class NoMilp:
+        def __init__(self, **params):  # takes the preset's hilp parameters, and ignores them
+            self.params = params
+
+        def applicable(self, graph):
+            return True
+
+        def schedule(self, graph, budget):
+            return hiremate.autodiff_schedule(graph)
+
+    monkeypatch.setitem(registry._SOLVERS, "hilp", NoMilp)
+    cfg = load_config("hiremate")
+    assert composer_flat.gate_threshold(random_graph(3, 12), 10**6, cfg) == cfg.flat_gap
+
+
 def test_a_gap_above_the_threshold_runs_it_after_the_hierarchy(monkeypatch):
     graph = random_graph(3, 12)
     order: list[str] = []

@@ -175,12 +175,15 @@ def gate_threshold(graph: Graph, budget: int, cfg: Any) -> float:
     scaled down in proportion to the MILP's columns below ``cfg.flat_gap_columns`` (when set).
     The gate trades what the MILP may win against what it costs, and its cost grows with its
     size: on a chain of a few dozen nodes it takes seconds and can still find a few per cent
-    that the hierarchy's menus miss (docs/results-history.md, "Stop 62")."""
+    that the hierarchy's menus miss (docs/results-history.md, "Stop 62"). A ``hilp`` solver
+    registered in place of H-ILP without a MILP to count keeps ``cfg.flat_gap``."""
     if cfg.flat_gap_columns is None:
         return cfg.flat_gap
     from hiremate.registry import make_solver
 
     solver = make_solver("hilp", cfg.solver_params.get("hilp", {}))
+    if not callable(getattr(solver, "build", None)):
+        return cfg.flat_gap
     columns = solver.build(graph, budget).stats["cols"]
     return cfg.flat_gap * min(1.0, columns / cfg.flat_gap_columns)
 
