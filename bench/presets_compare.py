@@ -35,7 +35,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.5])
     parser.add_argument("--presets", nargs="+", default=PRESETS)
     args = parser.parse_args(argv)
-    logging.disable(logging.WARNING)
     import torch
 
     import test_presets_compare as cases
@@ -74,4 +73,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # the solvers' warnings (a preset that fits nothing) would interleave with the table; only
+    # here, so that main() called in a test process leaves that process's logging alone
+    logging.disable(logging.WARNING)
     main()
