@@ -14,7 +14,7 @@ from hiremate.ir.schedule import Compute, recomputations
 from test_executor_util import compare, get_model, graph_of, schedules_of
 
 SCHEDULES = ["autodiff", "keep-none", "keep-half", "keep-third"]
-FAST_MODELS = ["mlp", "gpt2", "resnet", "convbn", "dictout"]
+FAST_MODELS = ["mlp", "gpt2", "resnet", "convbn", "dictout", "gather"]
 SLOW_MODELS = ["small_gpt2", "neox", "vit", "transformer", "unet", "regnet", "mlpmixer", "fno1d",
                "fno3d"]
 

@@ -109,6 +109,24 @@ class Spectral(nn.Module):
         return torch.tanh(torch.fft.irfft(yf, n=x.shape[-1]) + x)
 
 
+class Gather(nn.Module):
+    """Advanced indexing of some dimensions only (``h[:, idx]``, ``h[..., idx]``, and a write
+    ``h[:, idx] = v``): the index lists hold None for the other dimensions, in the forward's
+    ``index`` and ``index_put`` and in their backwards (an ``index_put`` that accumulates)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("idx", torch.tensor([0, 2, 5]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        picked = torch.tanh(h[:, self.idx]) + h[..., self.idx] * 2
+        h = h.clone()
+        h[:, self.idx] = picked * h[:, self.idx]
+        return torch.tanh(h)
+
+
 def small_gpt2(dtype: torch.dtype = torch.float64) -> tuple[nn.Module, dict]:
     import transformers
 
@@ -147,6 +165,8 @@ def get_model(name: str, dtype: torch.dtype = torch.float64) -> tuple[nn.Module,
             "scale": torch.randn(3, 4, 1, generator=gen, dtype=dtype).requires_grad_(),
             "shift": torch.randn(6, generator=gen, dtype=dtype),
         }
+    if name == "gather":
+        return _seeded(Gather, dtype), (torch.randn(4, 8, generator=gen, dtype=dtype),)
     if name == "spectral":
         return _seeded(Spectral, dtype), (torch.randn(2, 4, 256, generator=gen, dtype=dtype),)
     if name == "small_gpt2":

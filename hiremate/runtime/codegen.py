@@ -347,11 +347,15 @@ def public_binding(target: str, overload: Any) -> Callable | None:
     ns, name, _ = target.split(".")
     if ns != "aten":
         return None
+    schema = overload._schema
+    if any(str(a.type) == "List[Optional[Tensor]]" for a in schema.arguments):
+        # the bindings parse an index list as tensors only, where the op takes None for the
+        # dimensions it does not index (``x[:, idx]``, and index_put in its backward)
+        return None
     for module in _PUBLIC_MODULES:
         fn = getattr(module, name, None)
         if fn is not None:
             return fn
-    schema = overload._schema
     if (schema.arguments and schema.arguments[0].name == "self"
             and isinstance(schema.arguments[0].type, torch.TensorType)):
         return getattr(torch._C.TensorBase, name, None)  # a method: self comes first
