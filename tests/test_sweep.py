@@ -23,8 +23,8 @@ from hiremate.sweep.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "sweeps" / "smoke.yaml"
-TIMING_FIELDS = {"measured_time", "time_rel", "eager_time", "solve_time", "setup_time",
-                 "cell_time", "predicted_time", "extra", "message"}
+TIMING_FIELDS = {"measured_time", "time_rel", "time_rel_unpaired", "eager_time", "solve_time",
+                 "setup_time", "cell_time", "predicted_time", "extra", "message"}
 
 
 @pytest.fixture(scope="module")
