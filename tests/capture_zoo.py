@@ -162,7 +162,47 @@ def gpt2() -> Built:
     return tf.GPT2LMHeadModel(cfg), {"input_ids": _tokens()}, logits_sum
 
 
+def falcon() -> Built:
+    """Falcon's rotary embedding indexes some dimensions only (``x[..., idx]``): its backward is
+    an ``index_put`` whose index list holds None, which the executor once called wrongly."""
+    tf = _tf()
+    cfg = tf.FalconConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=LAYERS,
+                          num_attention_heads=HEADS)
+    return tf.FalconForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+
+
+def gemma() -> Built:
+    tf = _tf()
+    cfg = tf.GemmaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=HEADS, head_dim=WIDTH // HEADS)
+    return tf.GemmaForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+
+
 # -- Hugging Face encoders, encoder-decoders, vision and audio ------------------------------
+
+def deberta_v2() -> Built:
+    tf = _tf()
+    cfg = tf.DebertaV2Config(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+                             num_hidden_layers=LAYERS, num_attention_heads=HEADS)
+    return tf.DebertaV2ForMaskedLM(cfg), {"input_ids": _tokens()}, logits_sum
+
+
+def bart() -> Built:
+    tf = _tf()
+    cfg = tf.BartConfig(vocab_size=VOCAB, d_model=WIDTH, encoder_layers=LAYERS,
+                        decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                        decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN)
+    sample = {"input_ids": _tokens(), "labels": _tokens()}
+    return tf.BartForConditionalGeneration(cfg), sample, model_loss
+
+
+def swin() -> Built:
+    tf = _tf()
+    cfg = tf.SwinConfig(image_size=2 * IMAGE, patch_size=PATCH, embed_dim=16, depths=[1, 1],
+                        num_heads=[2, 2], window_size=PATCH, num_labels=10)
+    return tf.SwinForImageClassification(cfg), {"pixel_values": _pixels(size=2 * IMAGE)}, \
+        logits_sum
 
 def bert_mlm() -> Built:
     tf = _tf()
@@ -260,6 +300,10 @@ def timm_vit_tiny() -> Built:
 
 def timm_convnext_atto() -> Built:
     return _timm("convnext_atto", num_classes=10), _pixels(size=32), tensor_sum
+
+
+def timm_efficientnet_b0() -> Built:
+    return _timm("efficientnet_b0", num_classes=10), _pixels(size=32), tensor_sum
 
 
 # -- blocks equivalent to the timm models, written here ---------------------------------------
@@ -503,11 +547,16 @@ CASES: list[Case] = [
     _case("bloom", bloom, "transformers BloomForCausalLM"),
     _case("gpt_neox", gpt_neox, "transformers GPTNeoXForCausalLM"),
     _case("gpt2", gpt2, "transformers GPT2LMHeadModel"),
+    _case("falcon", falcon, "transformers FalconForCausalLM"),
+    _case("gemma", gemma, "transformers GemmaForCausalLM"),
     _case("bert_mlm", bert_mlm, "transformers BertForMaskedLM"),
+    _case("deberta_v2", deberta_v2, "transformers DebertaV2ForMaskedLM"),
+    _case("bart", bart, "transformers BartForConditionalGeneration, with labels"),
     _case("t5", t5, "transformers T5ForConditionalGeneration, with labels"),
     _case("whisper", whisper, "transformers WhisperForConditionalGeneration"),
     _case("vit", vit, "transformers ViTForImageClassification", default_run=True),
     _case("clip_vision", clip_vision, "transformers CLIPVisionModel, loss on last_hidden_state"),
+    _case("swin", swin, "transformers SwinForImageClassification (32x32, window 4)"),
     _case("wav2vec2", wav2vec2, "transformers Wav2Vec2Model, layerdrop=0, mask_time_prob=0"),
     _case("wav2vec2_specaugment", wav2vec2_specaugment,
           "transformers Wav2Vec2Model, layerdrop=0, default SpecAugment: GraphCaptureError "
@@ -519,6 +568,7 @@ CASES: list[Case] = [
     _case("timm_resnet18", timm_resnet18, "timm resnet18"),
     _case("timm_vit_tiny", timm_vit_tiny, "timm vit_tiny_patch16_224 (32x32, patch 8)"),
     _case("timm_convnext_atto", timm_convnext_atto, "timm convnext_atto"),
+    _case("timm_efficientnet_b0", timm_efficientnet_b0, "timm efficientnet_b0"),
     _case("resnet_block", resnet_block, "2 ResNet basic blocks: x += shortcut, ReLU(inplace)",
           default_run=True),
     _case("convnext_block", convnext_block, "2 ConvNeXt blocks: dw conv, LN, MLP, layer scale",
