@@ -111,81 +111,79 @@ def _tf() -> Any:
 
 # -- Hugging Face causal language models -----------------------------------------------------
 
-def llama() -> Built:
+def _token_model(model_class: str, config_class: str, **config: Any) -> Built:
+    """A transformers model built from its config class with ``config``, on token ids, with
+    the sum of its logits as the loss."""
     tf = _tf()
-    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
-                         num_hidden_layers=LAYERS, num_attention_heads=HEADS)
-    return tf.LlamaForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+    model = getattr(tf, model_class)(getattr(tf, config_class)(**config))
+    return model, {"input_ids": _tokens()}, logits_sum
+
+
+def llama() -> Built:
+    return _token_model("LlamaForCausalLM", "LlamaConfig",
+                        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+                        num_hidden_layers=LAYERS, num_attention_heads=HEADS)
 
 
 def mistral() -> Built:
-    tf = _tf()
-    cfg = tf.MistralConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
-                           num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                           num_key_value_heads=HEADS)
-    return tf.MistralForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+    return _token_model("MistralForCausalLM", "MistralConfig",
+                        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+                        num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        num_key_value_heads=HEADS)
 
 
 def qwen2() -> Built:
-    tf = _tf()
-    cfg = tf.Qwen2Config(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
-                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                         num_key_value_heads=HEADS)
-    return tf.Qwen2ForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+    return _token_model("Qwen2ForCausalLM", "Qwen2Config",
+                        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+                        num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        num_key_value_heads=HEADS)
 
 
 def opt() -> Built:
-    tf = _tf()
-    cfg = tf.OPTConfig(vocab_size=VOCAB, hidden_size=WIDTH, ffn_dim=FFN,
-                       num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                       word_embed_proj_dim=WIDTH)
-    return tf.OPTForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+    return _token_model("OPTForCausalLM", "OPTConfig",
+                        vocab_size=VOCAB, hidden_size=WIDTH, ffn_dim=FFN,
+                        num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        word_embed_proj_dim=WIDTH)
 
 
 def bloom() -> Built:
-    tf = _tf()
-    cfg = tf.BloomConfig(vocab_size=VOCAB, hidden_size=WIDTH, n_layer=LAYERS, n_head=HEADS)
-    return tf.BloomForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+    return _token_model("BloomForCausalLM", "BloomConfig",
+                        vocab_size=VOCAB, hidden_size=WIDTH, n_layer=LAYERS, n_head=HEADS)
 
 
 def gpt_neox() -> Built:
-    tf = _tf()
-    cfg = tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
-                           num_hidden_layers=LAYERS, num_attention_heads=HEADS)
-    return tf.GPTNeoXForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+    return _token_model("GPTNeoXForCausalLM", "GPTNeoXConfig",
+                        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+                        num_hidden_layers=LAYERS, num_attention_heads=HEADS)
 
 
 def gpt2() -> Built:
-    tf = _tf()
-    cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS,
+    return _token_model("GPT2LMHeadModel", "GPT2Config",
+                        vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS,
                         bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
-    return tf.GPT2LMHeadModel(cfg), {"input_ids": _tokens()}, logits_sum
 
 
 def falcon() -> Built:
     """Falcon's rotary embedding indexes some dimensions only (``x[..., idx]``): its backward is
     an ``index_put`` whose index list holds None, which the executor once called wrongly."""
-    tf = _tf()
-    cfg = tf.FalconConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=LAYERS,
-                          num_attention_heads=HEADS)
-    return tf.FalconForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+    return _token_model("FalconForCausalLM", "FalconConfig",
+                        vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=LAYERS,
+                        num_attention_heads=HEADS)
 
 
 def gemma() -> Built:
-    tf = _tf()
-    cfg = tf.GemmaConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
-                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                         num_key_value_heads=HEADS, head_dim=WIDTH // HEADS)
-    return tf.GemmaForCausalLM(cfg), {"input_ids": _tokens()}, logits_sum
+    return _token_model("GemmaForCausalLM", "GemmaConfig",
+                        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+                        num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                        num_key_value_heads=HEADS, head_dim=WIDTH // HEADS)
 
 
 # -- Hugging Face encoders, encoder-decoders, vision and audio ------------------------------
 
 def deberta_v2() -> Built:
-    tf = _tf()
-    cfg = tf.DebertaV2Config(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
-                             num_hidden_layers=LAYERS, num_attention_heads=HEADS)
-    return tf.DebertaV2ForMaskedLM(cfg), {"input_ids": _tokens()}, logits_sum
+    return _token_model("DebertaV2ForMaskedLM", "DebertaV2Config",
+                        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+                        num_hidden_layers=LAYERS, num_attention_heads=HEADS)
 
 
 def bart() -> Built:
@@ -204,11 +202,11 @@ def swin() -> Built:
     return tf.SwinForImageClassification(cfg), {"pixel_values": _pixels(size=2 * IMAGE)}, \
         logits_sum
 
+
 def bert_mlm() -> Built:
-    tf = _tf()
-    cfg = tf.BertConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
+    return _token_model("BertForMaskedLM", "BertConfig",
+                        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
                         num_hidden_layers=LAYERS, num_attention_heads=HEADS)
-    return tf.BertForMaskedLM(cfg), {"input_ids": _tokens()}, logits_sum
 
 
 def t5() -> Built:
