@@ -30,7 +30,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from hiremate.errors import ConfigError, GraphCaptureError
 from hiremate.graphbuilder.functionalise import functionalise
-from hiremate.graphbuilder.guards import BranchRecorder, Guard
+from hiremate.graphbuilder.guards import BranchRecorder, Guard, check_static_sizes
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class JointCapture:
     input_spec: Any = None             # pytree spec of (args, kwargs)
     constants: dict[int, Any] = field(default_factory=dict)  # non-tensor leaves of (args, kwargs)
     guards: list[Guard] = field(default_factory=list)  # values the trace was specialised on
+    #: where the forward first made a tensor of a value-dependent size (line, function)
+    sized_by_values: tuple[str, str] | None = None
     # differentiable flat outputs given no tangent: the backward is assumed not to reach them
     untangented_outputs: list[int] = field(default_factory=list)
 
@@ -93,6 +95,8 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
                         module = model
                     result = _trace_joint(module, model, args, kwargs, path,
                                           output_gradients)
+                # after the draws outside torch are checked: a SpecAugment mask is one cause
+                check_static_sizes(result.gm, result.sized_by_values)
                 log.info("captured %s with the %s path", type(model).__name__, path)
                 return result
             except Exception as exc:  # every failure of a path is reported, none is fatal alone
@@ -445,7 +449,7 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         tangent_for_output=diff, untangented_outputs=untangented,
         n_outputs=out_spec.num_leaves,
         last_forward=marker["last"], output_spec=out_spec, input_spec=spec, constants=constants,
-        guards=recorder.guards,
+        guards=recorder.guards, sized_by_values=recorder.sized_by_values,
     )
 
 

@@ -14,6 +14,10 @@ in the graph traced so far:
   says where, and for LayerDrop, which setting turns it off;
 - parameters, buffers, or inputs that need a gradient (a branch on an activation): no capture;
   the error names the op and the source line.
+
+A tensor whose *size* depends on tensor values (``x[mask]``, ``nonzero``, ``masked_select``)
+has no fixed size to budget: the recorder notes where the first one is made, and the capture
+refuses the program with that place (:func:`check_static_sizes`).
 """
 
 from __future__ import annotations
@@ -70,11 +74,16 @@ class BranchRecorder(TorchFunctionMode):
         self.real_inputs = real_inputs
         self.model = model
         self.guards: list[Guard] = []
+        #: where the first tensor of a value-dependent size was made, and by which function
+        self.sized_by_values: tuple[str, str] | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func not in _CONCRETISING or not args or not isinstance(args[0], torch.Tensor):
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if self.sized_by_values is None and _sized_by_values(out):
+                self.sized_by_values = (_user_frame(), getattr(func, "__name__", str(func)))
+            return out
         mode = get_proxy_mode()
         if mode is None:
             return func(*args, **kwargs)
@@ -174,6 +183,31 @@ def _describe(role: tuple[str, int | None] | None) -> str:
     return {"param": "the parameters", "buffer": "a buffer of the model",
             "grad_input": "an input that needs a gradient",
             "tangent": "an output's gradient"}.get(kind, "a value hiremate cannot check per call")
+
+
+def _sized_by_values(value: Any) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(isinstance(t, torch.Tensor) and free_unbacked_symbols(t)
+               for t in torch.utils._pytree.tree_leaves(value))
+
+
+def check_static_sizes(gm: torch.fx.GraphModule, made_at: tuple[str, str] | None) -> None:
+    """Refuse a traced program with a tensor whose size depends on tensor values: the schedule's
+    memory needs every size before it runs. The error names the op and where the model made
+    the first such tensor (``made_at``: the line and the function, as
+    :class:`BranchRecorder` saw it being made)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and _sized_by_values(node.meta.get("val")):
+            where, func = made_at or ("a line the capture did not see", "")
+            made_by = f"{func}, " if func else ""
+            raise GraphCaptureError(
+                f"the forward makes a tensor whose size depends on tensor values ({made_by}"
+                f"{qualified_name(node.target)}) at {where}: boolean-mask indexing "
+                "(x[mask]), nonzero, masked_select and unique make such tensors, and a "
+                "captured program needs every size to plan its memory. Keep the size fixed "
+                "(torch.where(mask, x, 0), or multiply by the mask), or keep that step outside "
+                "the wrapped model")
 
 
 def _user_frame() -> str:

@@ -274,6 +274,27 @@ def test_branch_on_a_random_value_names_layerdrop():
     assert "if torch.rand([]) >= self.config.layerdrop:" in reason
 
 
+
+class MaskSelect(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return torch.tanh(h[h > 0]).sum()
+
+
+def test_a_size_that_depends_on_values_is_refused_with_its_line():
+    """``h[h > 0]`` has a size known only when it runs; the error says where and what to write
+    instead (before, a symbolic-shape error of torch escaped from the cost model)."""
+    with pytest.raises(GraphCaptureError) as info:
+        hiremate.build_graph(MaskSelect(), torch.randn(4, 6), cost_model="flops")
+    assert isinstance(info.value, RuntimeError)
+    reason = info.value.attempts["make_fx"]
+    assert "size depends on tensor values" in reason and "torch.where(mask, x, 0)" in reason
+    assert "return torch.tanh(h[h > 0]).sum()" in reason
+
 # -- a property: random programs of in-place ops ------------------------------------------------
 _IN_PLACE = {
     "add_": lambda h, o: h.add_(o), "mul_": lambda h, o: h.mul_(torch.tanh(o)),
