@@ -81,6 +81,14 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
     if output_gradients not in OUTPUT_GRADIENTS:
         raise ConfigError(f"output_gradients must be one of {', '.join(OUTPUT_GRADIENTS)}, got "
                           f"{output_gradients!r}")
+    scripted = [name or type(model).__name__ for name, m in model.named_modules()
+                if isinstance(m, torch.jit.ScriptModule)]
+    if scripted:
+        raise GraphCaptureError(
+            f"{type(model).__name__} holds TorchScript modules ({', '.join(scripted[:3])}): "
+            "hiremate captures eager PyTorch, and a scripted module runs as one opaque "
+            "program. Build the wrapper from the module as written, before torch.jit.script",
+            attempts={"make_fx": "TorchScript module", "export": "TorchScript module"})
     args, kwargs = training_call(model, *normalise_sample(sample))
     attempts: dict[str, str] = {}
     with (plain_checkpoints(type(model).__name__), _unvalidated_distributions(model),

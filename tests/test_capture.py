@@ -295,6 +295,28 @@ def test_a_size_that_depends_on_values_is_refused_with_its_line():
     assert "size depends on tensor values" in reason and "torch.where(mask, x, 0)" in reason
     assert "return torch.tanh(h[h > 0]).sum()" in reason
 
+class ScriptedInside(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = torch.jit.script(nn.Sequential(nn.Linear(6, 6), nn.GELU()))
+        self.out = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.out(self.block(x))
+
+
+def test_a_torchscript_submodule_is_refused_by_name_and_the_model_left_as_it_was():
+    """A scripted submodule runs as one opaque program; before, the build ended in an
+    ``AttributeError`` of the restore (a TorchScript module's tables have no ``get``)."""
+    model = ScriptedInside()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(GraphCaptureError, match=r"TorchScript modules \(block") as info:
+        hiremate.HRockmate(model, torch.randn(3, 6), 0.9, n_jobs=1, progress=False,
+                           cache=False)
+    assert isinstance(info.value, RuntimeError)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
 # -- a property: random programs of in-place ops ------------------------------------------------
 _IN_PLACE = {
     "add_": lambda h, o: h.add_(o), "mul_": lambda h, o: h.mul_(torch.tanh(o)),

@@ -68,7 +68,8 @@ class ModelState:
     def restore(self) -> None:
         """Put everything back; the parameters' values are checked, not restored."""
         for table, name, t in self._slots:
-            if table.get(name) is not t:
+            # ``in`` and ``[]``, which a TorchScript module's tables have too (no ``get``)
+            if (table[name] if name in table else None) is not t:
                 table[name] = t
         with torch.no_grad():
             for b, version, saved in self._buffers:
