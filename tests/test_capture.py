@@ -5,6 +5,7 @@ randomness outside torch, branches on values. Each case is checked against eager
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy
 import pytest
@@ -298,7 +299,9 @@ def test_a_size_that_depends_on_values_is_refused_with_its_line():
 class ScriptedInside(nn.Module):
     def __init__(self):
         super().__init__()
-        self.block = torch.jit.script(nn.Sequential(nn.Linear(6, 6), nn.GELU()))
+        with warnings.catch_warnings():  # torch deprecates scripting; users still do it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.block = torch.jit.script(nn.Sequential(nn.Linear(6, 6), nn.GELU()))
         self.out = nn.Linear(6, 6)
 
     def forward(self, x):
