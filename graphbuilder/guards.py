@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -186,8 +187,6 @@ def _describe(role: tuple[str, int | None] | None) -> str:
 
 
 def _sized_by_values(value: Any) -> bool:
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     return any(isinstance(t, torch.Tensor) and free_unbacked_symbols(t)
                for t in torch.utils._pytree.tree_leaves(value))
 
