@@ -21,7 +21,8 @@ from hiremate.solvers.hilp import backends, flat
 from hiremate.solvers.hilp.backends import MilpResult, integer_objective
 from hiremate.solvers.hilp.hier import build_hier_model, top_graph
 from hiremate.solvers.hilp.model import build_model, gcd_unit
-from hiremate.solvers.hilp.top import HilpTop, gcd_unit_top
+from hiremate.solvers.hilp.top import HilpTop
+from hiremate.solvers.hilp.topgraph import gcd_unit_top
 from hiremate.testing.synthetic import random_graph
 from test_hilp_hier import problem_of
 from test_registry import residual_chain

@@ -23,7 +23,8 @@ from hiremate.ir.schedule import Compute, recomputations
 from hiremate.ir.simulator import autodiff_schedule, simulate
 from hiremate.solvers.hilp.flat import HilpSolver
 from hiremate.solvers.hilp.hier import build_hier_model, checkpoint_options, top_graph
-from hiremate.solvers.hilp.top import HilpTop, store_all_objective
+from hiremate.solvers.hilp.top import HilpTop
+from hiremate.solvers.hilp.topgraph import store_all_objective
 from hiremate.solvers.menu import budget_grid, option_from_schedule
 from hiremate.testing.synthetic import random_graph
 from test_registry import residual_chain

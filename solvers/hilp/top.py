@@ -1,13 +1,12 @@
 """``HilpTop``: the hierarchical H-ILP as a top-level composer over a sequence of blocks.
 
-Same role as :class:`hiremate.solvers.chain.rk_rotor_top.RkRotorTop`: given the blocks (with option menus)
-and a budget, return candidate schedules of the *full* graph, each simulated. The MILP's
-memory model (:mod:`hiremate.solvers.hilp.hier`) bounds the full graph's memory from above, but
-the simulator is the truth: the translated compute sequence gets its frees from
-:func:`~hiremate.ir.sequence.sequence_to_schedule` (eager, never later than the
-MILP's), and when its simulated peak leaves room below the budget, the MILP is solved again
-with a higher abstract budget (or a lower one when it overshoots), ``retries`` times at most,
-two budgets a round.
+Same role as :class:`hiremate.solvers.chain.rk_rotor_top.RkRotorTop`: given the blocks (with option
+menus) and a budget, return candidate schedules of the *full* graph, each simulated. The MILP's
+memory model (:mod:`hiremate.solvers.hilp.hier`) bounds the full graph's memory from above, but the
+simulator is the truth: the translated compute sequence gets its frees from
+:func:`~hiremate.ir.sequence.sequence_to_schedule` (eager, never later than the MILP's), and when
+its simulated peak leaves room below the budget, the MILP is solved again with a higher abstract
+budget (or a lower one when it overshoots), ``retries`` times at most, two budgets a round.
 
 Then, ``refine_rounds`` times at most, the menus of the large blocks are refined for the
 context of the fastest schedule found (:mod:`hiremate.solvers.hilp.refine`: each block's H-ILP
@@ -31,13 +30,15 @@ from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import SimulationResult, simulate
 from hiremate.units import fmt_bytes
 
-from hiremate.solvers.hilp.backends import SAFETY_TIME, solve_milp
+from hiremate.solvers.hilp.backends import (
+    DEFAULT_WORK, SAFETY_TIME, choose_backend, solve_milp,
+)
 from hiremate.solvers.hilp.hier import (
     HierModel, TopGraph, build_hier_model, carry_solution, lowest_budget_met, solution_sequence,
     top_graph,
 )
-from hiremate.solvers.hilp.model import gcd_unit
-from hiremate.solvers.hilp.starts import chain_start, plan_start
+from hiremate.solvers.hilp.starts import COLD_SHARE, chain_start, from_cold, plan_start
+from hiremate.solvers.hilp.topgraph import block_solvers, gcd_unit_top
 
 if TYPE_CHECKING:
     from typing import Iterable
@@ -85,7 +86,7 @@ class HilpTop:
                  refine_rounds: int = 1, refine_min: int = 8, refine_time: float = SAFETY_TIME,
                  pulp_solver: str = "auto", work_limit: float | None = None, seed: int = 0,
                  refine_solves: int = 16, refine_work: float | None = None, workers: int = 1,
-                 menu_work: float | None = None):
+                 menu_work: float | None = None, cold_share: float = COLD_SHARE):
         """``backend``: the MILP backend (:data:`~hiremate.solvers.hilp.backends.BACKENDS`;
         with ``pulp``, ``pulp_solver`` names PuLP's solver, e.g. ``CBC``). ``work_limit``:
         per top-level MILP, in the backend's deterministic unit
@@ -99,7 +100,9 @@ class HilpTop:
         search at once (the composer passes the configuration's cores; the schedule does not
         depend on them). ``menu_work``: the work limit of each MILP of a subgraph's menu
         (:meth:`compose_menu`; None: ``work_limit``); a menu has many MILPs, each of which
-        finds its schedule at the root as a rule, while the top-level solve has one budget."""
+        finds its schedule at the root as a rule, while the top-level solve has one budget.
+        ``cold_share``: the share of a MILP's work limit spent on its first schedule when no
+        plan fits its budget (:func:`~hiremate.solvers.hilp.starts.from_cold`; 1: all of it)."""
         from hiremate.solvers.hilp.backends import BACKENDS
 
         if backend not in BACKENDS:
@@ -127,6 +130,9 @@ class HilpTop:
             raise ConfigError(f"hilp-top: menu_work={menu_work} must be a positive work limit "
                               "(or null for work_limit)")
         self.menu_work = None if menu_work is None else float(menu_work)
+        if not 0 < float(cold_share) <= 1:
+            raise ConfigError(f"hilp-top: cold_share={cold_share} must be in (0, 1]")
+        self.cold_share = float(cold_share)
 
     def applicable(self, graph: Graph) -> bool:
         return True
@@ -166,7 +172,12 @@ class HilpTop:
         starts = [x for x in starts if x is not None]
         objective = lambda x: float(hm.milp.c @ x)  # noqa: E731
         hint = min(starts, key=objective) if starts else None
-        res = self._milp(hm.milp, hint, work_limit)
+        if hint is None and self.cold_share < 1:
+            res = from_cold(lambda x, w: self._milp(hm.milp, x, w),
+                            self._work(hm.milp, work_limit),
+                            self._backend(hm.milp) != "cpsat", self.cold_share)
+        else:
+            res = self._milp(hm.milp, hint, work_limit)
         floors = [] if hint is None else [hint]
         if res.status != "optimal":
             # the other composers' schedules as floors only, not as the backend's start: given
@@ -191,6 +202,14 @@ class HilpTop:
                  fmt_bytes(sim.peak) if sim.valid else sim.error, secs, hm.stats)
         return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim,
                            hm, res.x)
+
+    def _backend(self, milp) -> str:
+        return choose_backend(milp) if self.backend == "auto" else self.backend
+
+    def _work(self, milp, work_limit: float | None) -> float:
+        """A top-level MILP's work limit: ``work_limit``, else the solver's, else the default."""
+        chosen = self.work_limit if work_limit is None else work_limit
+        return DEFAULT_WORK[self._backend(milp)] if chosen is None else float(chosen)
 
     def _milp(self, milp, hint=None, work_limit: float | None = None):
         """One top-level MILP with this solver's backend and limits (``work_limit``: this
@@ -387,9 +406,12 @@ class HilpTop:
                 break
             empty = [sol.status for sol in sols if sol.sim is None]
             if empty and not state.found:
-                exc = SolverError(f"hilp-top found no solution within its limits (work_limit "
-                                  f"{self.work_limit}, time_limit {self.time_limit:g}s; "
-                                  f"{empty[0]}); raise its work_limit or time_limit")
+                exc = SolverError(
+                    f"hilp-top found no solution within its limits (work_limit "
+                    f"{self.work_limit or DEFAULT_WORK.get(self.backend, 'default')}, of "
+                    f"which cold_share {self.cold_share:g} without a "
+                    f"start; time_limit {self.time_limit:g}s; {empty[0]}); raise the budget, "
+                    "or its work_limit, cold_share or time_limit")
                 exc.timed_out = True
                 raise exc
             proposals = state.next_budgets()
@@ -550,39 +572,3 @@ def simulated_save(graph: Graph, schedule, sim: SimulationResult) -> int:
 def save_fits(graph: Graph, schedule, sim: SimulationResult, save_budget: int | None) -> bool:
     """``schedule``'s simulated save is within ``save_budget`` (None: no bound)."""
     return save_budget is None or simulated_save(graph, schedule, sim) <= save_budget
-
-
-def gcd_unit_top(top: TopGraph) -> int:
-    """Largest integer dividing every memory figure of ``top``'s model (interface sizes, node
-    overheads, phantoms, option step peaks): a memory unit under which every constraint
-    coefficient is an integer, as CP-SAT needs, and the memory rows stay exact."""
-    g = gcd_unit(top.graph)
-    for costs in top.costs:
-        for oc in costs:
-            for w in (oc.phantom, *(w for w, _ in oc.fwd_profile),
-                      *(w for w, _ in oc.bwd_profile)):
-                g = math.gcd(g, int(w))
-    return max(g, 1)
-
-
-def block_solvers(top: TopGraph, steps) -> list[str]:
-    """For each block, the solver(s) of the options its backward ran with."""
-    used: list[set[str]] = [set() for _ in top.costs]
-    for _, k, o in steps:
-        if top.kind[k] == "B":
-            used[top.block[k]].add(top.costs[top.block[k]][o].solver)
-    return ["+".join(sorted(u)) or "none" for u in used]
-
-
-def store_all_objective(top: TopGraph) -> float:
-    """Time of running every top node once with each block's first option (a test helper:
-    with one store-all option per block this is the full graph's total time)."""
-    total = 0.0
-    for k, kind in enumerate(top.kind):
-        if kind == "F":
-            total += top.costs[top.block[k]][0].fwd_time
-        elif kind == "B":
-            total += top.costs[top.block[k]][0].bwd_time
-        else:
-            total += top.graph.nodes[k].time
-    return float(np.float64(total))

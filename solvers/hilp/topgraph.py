@@ -17,6 +17,7 @@ appendix B.1.2.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -26,6 +27,7 @@ from hiremate.ir.option import Option
 from hiremate.ir.schedule import Compute
 from hiremate.ir.simulator import trace
 from hiremate.ir.tracker import counted_sizes
+from hiremate.solvers.hilp.model import gcd_unit
 
 if TYPE_CHECKING:
     from hiremate.ir.blocks import Block, TopProblem
@@ -321,3 +323,40 @@ def top_graph(problem: "TopProblem", checkpoint: bool = True,
                                                    for nm in names],
                     [graph.loss if nm[0] == "loss" else nm[1] if nm[0] == "tail" else -1
                      for nm in names], costs, data_full, opt_reads)
+
+
+# -- figures of a top graph's model and solution --------------------------------------------------
+def gcd_unit_top(top: TopGraph) -> int:
+    """Largest integer dividing every memory figure of ``top``'s model (interface sizes, node
+    overheads, phantoms, option step peaks): a memory unit under which every constraint
+    coefficient is an integer, as CP-SAT needs, and the memory rows stay exact."""
+    g = gcd_unit(top.graph)
+    for costs in top.costs:
+        for oc in costs:
+            for w in (oc.phantom, *(w for w, _ in oc.fwd_profile),
+                      *(w for w, _ in oc.bwd_profile)):
+                g = math.gcd(g, int(w))
+    return max(g, 1)
+
+
+def block_solvers(top: TopGraph, steps) -> list[str]:
+    """For each block, the solver(s) of the options its backward ran with."""
+    used: list[set[str]] = [set() for _ in top.costs]
+    for _, k, o in steps:
+        if top.kind[k] == "B":
+            used[top.block[k]].add(top.costs[top.block[k]][o].solver)
+    return ["+".join(sorted(u)) or "none" for u in used]
+
+
+def store_all_objective(top: TopGraph) -> float:
+    """Time of running every top node once with each block's first option (a test helper:
+    with one store-all option per block this is the full graph's total time)."""
+    total = 0.0
+    for k, kind in enumerate(top.kind):
+        if kind == "F":
+            total += top.costs[top.block[k]][0].fwd_time
+        elif kind == "B":
+            total += top.costs[top.block[k]][0].bwd_time
+        else:
+            total += top.graph.nodes[k].time
+    return float(total)
