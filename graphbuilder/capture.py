@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from hiremate.errors import ConfigError, GraphCaptureError
+from hiremate.graphbuilder.fake_kernels import fixed_shape_kernels
 from hiremate.graphbuilder.functionalise import functionalise
 from hiremate.graphbuilder.guards import BranchRecorder, Guard, check_static_sizes
 
@@ -92,7 +93,7 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
     args, kwargs = training_call(model, *normalise_sample(sample))
     attempts: dict[str, str] = {}
     with (plain_checkpoints(type(model).__name__), _unvalidated_distributions(model),
-          _tensor_hooks_noted(model)):
+          _tensor_hooks_noted(model), fixed_shape_kernels()):
         for path in ("make_fx", "export"):
             try:
                 with _foreign_randomness_check(model):

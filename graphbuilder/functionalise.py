@@ -26,6 +26,7 @@ import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from hiremate.errors import GraphCaptureError
+from hiremate.graphbuilder.fake_kernels import ReplayInterpreter
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def functionalise(gm: torch.fx.GraphModule, last_forward: str,
         in_forward = in_forward and node.name != last_forward
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [n.meta["val"] for n in placeholders]
-    interpreter = torch.fx.Interpreter(gm)
+    interpreter = ReplayInterpreter(gm)
 
     def run(*flat: torch.Tensor):
         return interpreter.run(*flat, enable_io_processing=False)

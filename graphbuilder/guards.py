@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from hiremate.errors import GraphCaptureError
 from hiremate.ir.graph import Op
 from hiremate.graphbuilder.encode import encode_arg
+from hiremate.graphbuilder.fake_kernels import TRACEABLE_FORMS
 from hiremate.graphbuilder.opinfo import op_kind, qualified_name
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class BranchRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in TRACEABLE_FORMS:
+            return TRACEABLE_FORMS[func](self._value_of, *args, **kwargs)
         if func not in _CONCRETISING or not args or not isinstance(args[0], torch.Tensor):
             out = func(*args, **kwargs)
             if self.sized_by_values is None and _sized_by_values(out):
@@ -93,6 +96,16 @@ class BranchRecorder(TorchFunctionMode):
         except (KeyError, AttributeError, RuntimeError):  # not a traced value: a real constant
             return func(*args, **kwargs)
         return self._specialise(node, func, mode.tracer)
+
+    def _value_of(self, tensor: torch.Tensor) -> Any:
+        """``tensor.tolist()`` (a number for a 0-dim tensor), guarded as any value a branch
+        asks for when the tensor is traced."""
+        mode = get_proxy_mode()
+        try:
+            node = get_proxy_slot(tensor, mode.tracer).proxy.node
+        except (KeyError, AttributeError, RuntimeError):  # a real constant
+            return tensor.tolist()
+        return self._specialise(node, torch.Tensor.tolist, mode.tracer)
 
     def _specialise(self, node: torch.fx.Node, func: Any, tracer: Any) -> Any:
         graph, root = tracer.graph, tracer.root

@@ -1,0 +1,148 @@
+"""Ops whose output sizes follow from a few input values, made traceable on fake tensors.
+
+Why: the capture traces on fake tensors, and a fake tensor refuses every op tagged
+``dynamic_output_shape``, since torch cannot know its sizes without the values. The CTC loss
+(``F.ctc_loss``, ``nn.CTCLoss``, Wav2Vec2's loss with labels) is such an op: ``aten._ctc_loss``
+makes a ``(batch,)`` loss and a ``(batch, time, 2 * L + 1)`` table of forward variables, where
+``L`` is the largest of ``target_lengths``. Everything else about it is fixed by the shapes.
+
+So the capture runs ``ctc_loss`` in a form of its own (:func:`ctc_loss_traced`, chosen by
+:class:`hiremate.graphbuilder.guards.BranchRecorder`): lengths given as tensors stay inputs of
+the traced op, and only ``L`` is asked for, as a branch on an input's value is (computed from
+the sample and guarded: a later call whose longest target differs is captured again; one whose
+lengths differ otherwise runs on the same program). Lengths given as lists are constants of the
+program, as they are of the user's. The fake kernels that give the two overloads their sizes
+are registered on a library fragment of this module's own, removed when the capture ends: the
+user's process is left as it was, and a fake kernel the user registered for the same op is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+log = logging.getLogger(__name__)
+
+#: ``L`` of the ``aten._ctc_loss.Tensor`` call being traced (set by :func:`ctc_loss_traced`)
+_LONGEST_TARGET: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "hiremate_longest_ctc_target", default=None)
+
+
+def _ctc_outputs(log_probs: torch.Tensor, longest: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_probs`` is ``(time, batch, classes)`` here: ``ctc_loss`` adds the batch dimension
+    of an unbatched call before it calls ``_ctc_loss``."""
+    time, batch = log_probs.shape[0], log_probs.shape[1]
+    return (log_probs.new_empty((batch,)),
+            log_probs.new_empty((batch, time, 2 * longest + 1)))
+
+
+def _ctc_loss_fake(log_probs: torch.Tensor, targets: torch.Tensor,
+                   input_lengths: Sequence[int], target_lengths: Sequence[int],
+                   blank: int = 0, zero_infinity: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _ctc_outputs(log_probs, max((int(n) for n in target_lengths), default=0))
+
+
+def _ctc_loss_tensor_fake(log_probs: torch.Tensor, targets: torch.Tensor,
+                          input_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                          blank: int = 0, zero_infinity: bool = False
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = _LONGEST_TARGET.get()
+    if longest is None:
+        raise torch._subclasses.fake_tensor.DynamicOutputShapeException(
+            torch.ops.aten._ctc_loss.Tensor)
+    return _ctc_outputs(log_probs, longest)
+
+
+def _ctc_loss_backward_fake(grad: torch.Tensor, log_probs: torch.Tensor, *rest: Any,
+                            **kwargs: Any) -> torch.Tensor:
+    """Both overloads: the gradient of ``log_probs`` (the list overload has a kernel of its
+    own in torch; the tensor one has none)."""
+    return torch.empty_like(log_probs)
+
+
+#: op name -> its fake kernel
+KERNELS = {"aten::_ctc_loss": _ctc_loss_fake, "aten::_ctc_loss.Tensor": _ctc_loss_tensor_fake,
+           "aten::_ctc_loss_backward.Tensor": _ctc_loss_backward_fake}
+
+
+@contextlib.contextmanager
+def fixed_shape_kernels() -> Iterator[None]:
+    """Within it, the ops of :data:`KERNELS` trace on fake tensors."""
+    lib = torch.library.Library("aten", "FRAGMENT")
+    try:
+        for name, kernel in KERNELS.items():
+            try:
+                torch.library.register_fake(name, kernel, lib=lib)
+            except RuntimeError as exc:  # one registered already (by the user): theirs serves
+                log.debug("kept the fake kernel already registered for %s (%s)", name, exc)
+        yield
+    finally:
+        lib._destroy()
+
+
+class ReplayInterpreter(torch.fx.Interpreter):
+    """Runs a graph traced with these kernels again (the functionalisation pass retraces it):
+    each ``aten._ctc_loss.Tensor`` gets its longest target back from the sizes it was traced
+    with, which the tensors it is replayed on do not hold."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op != "call_function" or n.target is not torch.ops.aten._ctc_loss.Tensor:
+            return super().run_node(n)
+        token = _LONGEST_TARGET.set((int(n.meta["val"][1].shape[-1]) - 1) // 2)
+        try:
+            return super().run_node(n)
+        finally:
+            _LONGEST_TARGET.reset(token)
+
+
+_CTC_PARAMETERS = ("log_probs", "targets", "input_lengths", "target_lengths", "blank",
+                   "reduction", "zero_infinity")
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def ctc_loss_traced(value_of: Callable[[torch.Tensor], Any], *args: Any, **kwargs: Any
+                    ) -> torch.Tensor:
+    """``F.ctc_loss`` or ``torch.ctc_loss`` as the capture can trace it (see the module doc):
+    ``value_of`` gives a traced tensor's value, guarded. The loss per sequence comes from
+    ATen's op, its reduction from here. Why the reduction here: ATen's ``mean`` builds a tensor
+    from the target lengths' values inside C++, which a fake tensor cannot hold; the arithmetic
+    is ATen's (each loss over its target length, at least 1, then the mean)."""
+    bound = dict(zip(_CTC_PARAMETERS, args)) | kwargs
+    log_probs, targets = bound["log_probs"], bound["targets"]
+    inputs, lengths = bound["input_lengths"], bound["target_lengths"]
+    blank, zero_infinity = int(bound.get("blank", 0)), bool(bound.get("zero_infinity", False))
+    reduction = bound.get("reduction", "mean")
+    reduction = _REDUCTIONS.get(reduction, reduction) if isinstance(reduction, str) else reduction
+    if reduction not in (0, 1, 2):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if isinstance(lengths, torch.Tensor):
+        longest = int(value_of(lengths.max())) if lengths.numel() else 0
+        token = _LONGEST_TARGET.set(longest)
+        try:
+            per_sequence = torch.ctc_loss(log_probs, targets, inputs, lengths, blank, 0,
+                                          zero_infinity)
+        finally:
+            _LONGEST_TARGET.reset(token)
+        divisors = lengths.to(per_sequence.dtype)
+    else:
+        per_sequence = torch.ctc_loss(log_probs, targets, inputs, lengths, blank, 0,
+                                      zero_infinity)
+        divisors = torch.tensor(list(lengths), dtype=per_sequence.dtype)
+    if reduction == 2:
+        return per_sequence.sum()
+    if reduction == 1:
+        return (per_sequence / divisors.to(per_sequence.device).clamp_min(1)).mean()
+    return per_sequence
+
+
+#: the functions the capture runs in a form it can trace, each called with a function that
+#: gives a traced tensor's value (guarded) before the call's own arguments
+TRACEABLE_FORMS = {torch.nn.functional.ctc_loss: ctc_loss_traced,
+                   torch.ctc_loss: ctc_loss_traced}

@@ -1,0 +1,100 @@
+"""The CTC loss inside a model (``nn.CTCLoss``, ``F.ctc_loss``), with lengths as tensors or
+lists: captured, scheduled and trained exactly as eager
+(:mod:`hiremate.graphbuilder.fake_kernels`). Before, every such model failed to capture: torch's
+fake tensors refuse ``aten._ctc_loss``, whose sizes depend on the longest target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+
+import hiremate
+
+CLASSES = 6
+
+
+class CtcModel(nn.Module):
+    """Frames -> log-probabilities over ``CLASSES`` labels (0 is the blank) -> CTC loss."""
+
+    def __init__(self, reduction: str = "mean", functional: bool = False):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.GELU())
+        self.head = nn.Linear(16, CLASSES)
+        self.loss = nn.CTCLoss(reduction=reduction, zero_infinity=True)
+        self.functional = functional
+
+    def forward(self, frames, targets, frame_lengths, target_lengths):
+        log_probs = self.head(self.encoder(frames)).log_softmax(-1).transpose(0, 1)
+        if self.functional:
+            return F.ctc_loss(log_probs, targets, frame_lengths, target_lengths,
+                              reduction=self.loss.reduction)
+        return self.loss(log_probs, targets, frame_lengths, target_lengths)
+
+
+def batch(target_lengths: list[int], as_tensors: bool = True, seed: int = 0) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    frames = torch.randn(3, 12, 8, generator=gen, dtype=torch.float64)
+    targets = torch.randint(1, CLASSES, (3, 5), generator=gen)
+    frame_lengths = [12, 10, 9]
+    if as_tensors:
+        return {"frames": frames, "targets": targets,
+                "frame_lengths": torch.tensor(frame_lengths),
+                "target_lengths": torch.tensor(target_lengths)}
+    return {"frames": frames, "targets": targets, "frame_lengths": frame_lengths,
+            "target_lengths": target_lengths}
+
+
+def assert_trains_as_eager(wrapped: nn.Module, model: nn.Module, sample: dict) -> None:
+    model.zero_grad(set_to_none=True)
+    loss = wrapped(**sample).sum()
+    loss.backward()
+    ours = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    eager = model(**sample).sum()
+    eager.backward()
+    torch.testing.assert_close(loss, eager, rtol=1e-12, atol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ours[name], p.grad, rtol=1e-10, atol=1e-14, msg=name)
+
+
+def build(model: nn.Module, sample: dict, budget: float = 0.8) -> hiremate.HRockmate:
+    return hiremate.HRockmate(model, sample, budget, n_jobs=1, cache=False, progress=False)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("as_tensors", [True, False])
+def test_a_model_with_a_ctc_loss_trains_as_eager(reduction, as_tensors):
+    torch.manual_seed(0)
+    model = CtcModel(reduction, functional=reduction == "sum").double()
+    sample = batch([5, 4, 3], as_tensors)
+    wrapped = build(model, sample)
+    assert any(op.target.startswith("aten._ctc_loss")
+               for node in wrapped.graph.nodes for op in node.ops)
+    assert_trains_as_eager(wrapped, model, sample)
+
+
+def test_lengths_that_keep_the_longest_target_run_on_the_same_program():
+    """Only the longest target shapes the program: other lengths run on it, a new longest one
+    is captured again; each trains as eager."""
+    torch.manual_seed(0)
+    model = CtcModel().double()
+    wrapped = build(model, batch([5, 4, 3]))
+    assert_trains_as_eager(wrapped, model, batch([2, 5, 1], seed=1))
+    assert wrapped.recaptures == 0
+    assert_trains_as_eager(wrapped, model, batch([4, 4, 3], seed=2))
+    assert wrapped.recaptures == 1
+
+
+def test_the_capture_leaves_torch_without_its_fake_kernels():
+    """The kernels live as long as a capture: afterwards torch's fake tensors refuse the op as
+    before (the user's process is left as it was)."""
+    torch.manual_seed(0)
+    build(CtcModel().double(), batch([5, 4, 3]))
+    with FakeTensorMode():
+        log_probs = torch.randn(12, 3, CLASSES).log_softmax(-1)
+        targets = torch.randint(1, CLASSES, (3, 5))
+        with pytest.raises(DynamicOutputShapeException):
+            torch.ops.aten._ctc_loss.default(log_probs, targets, [12, 10, 9], [5, 4, 3])
