@@ -29,7 +29,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from hiremate.errors import ConfigError, GraphCaptureError
-from hiremate.graphbuilder.fake_kernels import fixed_shape_kernels
+from hiremate.graphbuilder.traceable import fixed_shape_kernels
 from hiremate.graphbuilder.functionalise import functionalise
 from hiremate.graphbuilder.guards import BranchRecorder, Guard, check_static_sizes
 

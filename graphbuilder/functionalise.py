@@ -26,7 +26,7 @@ import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from hiremate.errors import GraphCaptureError
-from hiremate.graphbuilder.fake_kernels import ReplayInterpreter
+from hiremate.graphbuilder.traceable import ReplayInterpreter
 
 log = logging.getLogger(__name__)
 

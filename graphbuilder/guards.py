@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from hiremate.errors import GraphCaptureError
 from hiremate.ir.graph import Op
 from hiremate.graphbuilder.encode import encode_arg
-from hiremate.graphbuilder.fake_kernels import TRACEABLE_FORMS
+from hiremate.graphbuilder.traceable import TRACEABLE_FORMS
 from hiremate.graphbuilder.opinfo import op_kind, qualified_name
 
 log = logging.getLogger(__name__)
@@ -81,10 +81,11 @@ class BranchRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in TRACEABLE_FORMS:
-            return TRACEABLE_FORMS[func](self._value_of, *args, **kwargs)
-        if func not in _CONCRETISING or not args or not isinstance(args[0], torch.Tensor):
-            out = func(*args, **kwargs)
+        traceable = TRACEABLE_FORMS.get(func)
+        if traceable is not None or func not in _CONCRETISING or not args or not isinstance(
+                args[0], torch.Tensor):
+            out = func(*args, **kwargs) if traceable is None else traceable(
+                self._value_of, *args, **kwargs)
             if self.sized_by_values is None and _sized_by_values(out):
                 self.sized_by_values = (_user_frame(), getattr(func, "__name__", str(func)))
             return out

@@ -247,7 +247,7 @@ def clip_vision() -> Built:
     return tf.CLIPVisionModel(cfg), {"pixel_values": _pixels()}, last_hidden_sum
 
 
-def _wav2vec2(**extra: Any) -> Built:
+def _wav2vec2(model_class: str = "Wav2Vec2Model", **extra: Any) -> Built:
     tf = _tf()
     # three feature-extractor convs (total stride 20): 400 samples give 19 frames
     cfg = tf.Wav2Vec2Config(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
@@ -256,13 +256,22 @@ def _wav2vec2(**extra: Any) -> Built:
                             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
                             **extra)
     sample = {"input_values": torch.randn(BATCH, 400, dtype=torch.float64)}
-    return tf.Wav2Vec2Model(cfg), sample, last_hidden_sum
+    return getattr(tf, model_class)(cfg), sample, last_hidden_sum
 
 
 def wav2vec2() -> Built:
     """Wav2Vec2 with ``layerdrop=0`` and ``mask_time_prob=0``: what the capture errors tell users
     to set (LayerDrop is a random branch; SpecAugment draws its masks with numpy)."""
     return _wav2vec2(layerdrop=0.0, mask_time_prob=0.0)
+
+
+def wav2vec2_ctc() -> Built:
+    """Wav2Vec2 fine-tuned for speech recognition: the CTC loss on labels padded with -100, as
+    a data collator pads them (the loss flattens them with ``masked_select``)."""
+    model, sample, _ = _wav2vec2("Wav2Vec2ForCTC", layerdrop=0.0, mask_time_prob=0.0)
+    labels = torch.randint(1, VOCAB, (BATCH, 6))
+    labels[1, 4:] = -100
+    return model, {**sample, "labels": labels}, model_loss
 
 
 def wav2vec2_specaugment() -> Built:
@@ -556,6 +565,8 @@ CASES: list[Case] = [
     _case("clip_vision", clip_vision, "transformers CLIPVisionModel, loss on last_hidden_state"),
     _case("swin", swin, "transformers SwinForImageClassification (32x32, window 4)"),
     _case("wav2vec2", wav2vec2, "transformers Wav2Vec2Model, layerdrop=0, mask_time_prob=0"),
+    _case("wav2vec2_ctc", wav2vec2_ctc,
+          "transformers Wav2Vec2ForCTC with padded labels (CTC loss)", default_run=True),
     _case("wav2vec2_specaugment", wav2vec2_specaugment,
           "transformers Wav2Vec2Model, layerdrop=0, default SpecAugment: GraphCaptureError "
           "naming mask_time_prob", default_run=True,

@@ -1,7 +1,8 @@
-"""The CTC loss inside a model (``nn.CTCLoss``, ``F.ctc_loss``), with lengths as tensors or
-lists: captured, scheduled and trained exactly as eager
-(:mod:`hiremate.graphbuilder.fake_kernels`). Before, every such model failed to capture: torch's
-fake tensors refuse ``aten._ctc_loss``, whose sizes depend on the longest target."""
+"""Ops whose sizes depend on input values (:mod:`hiremate.graphbuilder.traceable`): the CTC loss
+inside a model (``nn.CTCLoss``, ``F.ctc_loss``, lengths as tensors or lists) and
+``masked_select`` with a mask made from the inputs are captured, scheduled and trained exactly
+as eager. Before, every such model failed to capture: torch's fake tensors refuse
+``aten._ctc_loss``, and a masked selection had a size no schedule could plan for."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 
 import hiremate
+from hiremate.errors import GraphCaptureError
 
 CLASSES = 6
 
@@ -98,3 +100,70 @@ def test_the_capture_leaves_torch_without_its_fake_kernels():
         targets = torch.randint(1, CLASSES, (3, 5))
         with pytest.raises(DynamicOutputShapeException):
             torch.ops.aten._ctc_loss.default(log_probs, targets, [12, 10, 9], [5, 4, 3])
+
+
+class SelectsLabels(nn.Module):
+    """Hugging Face's CTC loss in miniature: padded labels (-100) flattened with
+    ``masked_select``, the activations gathered with the same mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, labels):
+        keep = labels >= 0
+        picked = self.lin(x).masked_select(keep.unsqueeze(-1))
+        return picked.square().sum() + labels.masked_select(keep).sum() * 0.1
+
+
+def labelled(pattern: list[list[int]], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.tensor(pattern)
+    return torch.randn(*labels.shape, 4, generator=gen, dtype=torch.float64), labels
+
+
+def test_a_selection_by_an_input_mask_trains_as_eager_and_guards_its_count():
+    """The selected count shapes the program: masks with the sample's count run on it, another
+    count is captured again; each trains as eager."""
+    torch.manual_seed(0)
+    model = SelectsLabels().double()
+    x, labels = labelled([[1, 2, -100], [3, -100, -100]])
+    wrapped = hiremate.HRockmate(model, (x, labels), 1.0, n_jobs=1, cache=False,
+                                 progress=False)
+    for pattern, recaptures in (([[1, 2, -100], [3, -100, -100]], 0),
+                                ([[-100, 2, -100], [3, 4, -100]], 0),
+                                ([[1, 2, 5], [3, -100, -100]], 1)):
+        x, labels = labelled(pattern, seed=recaptures + 1)
+        model.zero_grad(set_to_none=True)
+        loss = wrapped(x, labels)
+        loss.backward()
+        ours = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        eager = model(x, labels)
+        eager.backward()
+        torch.testing.assert_close(loss, eager, rtol=1e-12, atol=0)
+        for a, b in zip(ours, [p.grad for p in model.parameters()]):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+        assert wrapped.recaptures == recaptures
+
+
+class SelectsActivations(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h.masked_select(h > 0).sum()
+
+
+def test_a_selection_by_an_activation_is_still_refused_with_its_line():
+    """A mask computed from activations has no value to guard before the model runs: the
+    capture refuses it as any value-dependent size, naming the line."""
+    with pytest.raises(GraphCaptureError) as info:
+        hiremate.build_graph(SelectsActivations().double(),
+                             torch.randn(4, 6, dtype=torch.float64),
+                             cost_model="flops")
+    reason = info.value.attempts["make_fx"]
+    assert "size depends on tensor values" in reason
+    assert "return h.masked_select(h > 0).sum()" in reason

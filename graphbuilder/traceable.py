@@ -1,19 +1,24 @@
-"""Ops whose output sizes follow from a few input values, made traceable on fake tensors.
+"""Ops whose output sizes follow from a few input values, run in forms the capture can trace.
 
 Why: the capture traces on fake tensors, and a fake tensor refuses every op tagged
-``dynamic_output_shape``, since torch cannot know its sizes without the values. The CTC loss
-(``F.ctc_loss``, ``nn.CTCLoss``, Wav2Vec2's loss with labels) is such an op: ``aten._ctc_loss``
-makes a ``(batch,)`` loss and a ``(batch, time, 2 * L + 1)`` table of forward variables, where
-``L`` is the largest of ``target_lengths``. Everything else about it is fixed by the shapes.
+``dynamic_output_shape``, or gives its output a size no schedule can plan for, since torch
+cannot know the sizes without the values. Two such ops are common in training code whose sizes
+in fact depend on one number each, computed from inputs that need no gradient:
 
-So the capture runs ``ctc_loss`` in a form of its own (:func:`ctc_loss_traced`, chosen by
-:class:`hiremate.graphbuilder.guards.BranchRecorder`): lengths given as tensors stay inputs of
-the traced op, and only ``L`` is asked for, as a branch on an input's value is (computed from
-the sample and guarded: a later call whose longest target differs is captured again; one whose
-lengths differ otherwise runs on the same program). Lengths given as lists are constants of the
-program, as they are of the user's. The fake kernels that give the two overloads their sizes
-are registered on a library fragment of this module's own, removed when the capture ends: the
-user's process is left as it was, and a fake kernel the user registered for the same op is kept.
+- the CTC loss (``F.ctc_loss``, ``nn.CTCLoss``, Wav2Vec2's loss with labels): ``aten._ctc_loss``
+  makes a ``(batch,)`` loss and a ``(batch, time, 2 * L + 1)`` table of forward variables,
+  where ``L`` is the largest of ``target_lengths`` (:func:`ctc_loss_traced`);
+- ``masked_select`` with a mask made from the inputs (Hugging Face's CTC loss flattens its
+  padded labels with ``labels.masked_select(labels >= 0)``): its size is the number of
+  selected elements (:func:`masked_select_traced`).
+
+Each runs in a form of its own, chosen by :class:`hiremate.graphbuilder.guards.BranchRecorder`:
+only that number is asked for, as a branch on an input's value is (computed from the sample and
+guarded: a later call where it differs is captured again; one where the values differ
+otherwise runs on the same program). Lengths given as lists are constants of the program, as
+they are of the user's. The fake kernels that give the CTC ops their sizes are registered on a
+library fragment of this module's own, removed when the capture ends: the user's process is
+left as it was, and a fake kernel the user registered for the same op is kept.
 """
 
 from __future__ import annotations
@@ -142,7 +147,29 @@ def ctc_loss_traced(value_of: Callable[[torch.Tensor], Any], *args: Any, **kwarg
     return per_sequence
 
 
+def masked_select_traced(value_of: Callable[[torch.Tensor], Any], input: torch.Tensor,
+                         mask: torch.Tensor) -> torch.Tensor:
+    """``input.masked_select(mask)`` with a size the tracer knows: the elements where the
+    (broadcast) mask holds, in their order, gathered at the positions a stable sort puts
+    first, as many as the mask selects (the guarded number). Where the mask depends on
+    anything but inputs that need no gradient (an activation, a random draw), that number
+    cannot be guarded: the op runs as it is, and the capture refuses its value-dependent size
+    (:func:`~hiremate.graphbuilder.guards.check_static_sizes`)."""
+    from hiremate.errors import GraphCaptureError
+
+    values, where = torch.broadcast_tensors(input, mask)
+    where = where.reshape(-1)
+    try:
+        count = int(value_of(where.sum()))
+    except GraphCaptureError:
+        return torch.masked_select(input, mask)
+    order = torch.argsort(torch.logical_not(where).to(torch.uint8), stable=True)
+    return values.reshape(-1).index_select(0, order[:count])
+
+
 #: the functions the capture runs in a form it can trace, each called with a function that
 #: gives a traced tensor's value (guarded) before the call's own arguments
 TRACEABLE_FORMS = {torch.nn.functional.ctc_loss: ctc_loss_traced,
-                   torch.ctc_loss: ctc_loss_traced}
+                   torch.ctc_loss: ctc_loss_traced,
+                   torch.masked_select: masked_select_traced,
+                   torch.Tensor.masked_select: masked_select_traced}
