@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from hiremate.errors import GraphCaptureError
+
 log = logging.getLogger(__name__)
 
 #: ``L`` of the ``aten._ctc_loss.Tensor`` call being traced (set by :func:`ctc_loss_traced`)
@@ -148,15 +150,15 @@ def ctc_loss_traced(value_of: Callable[[torch.Tensor], Any], *args: Any, **kwarg
 
 
 def masked_select_traced(value_of: Callable[[torch.Tensor], Any], input: torch.Tensor,
-                         mask: torch.Tensor) -> torch.Tensor:
+                         mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """``input.masked_select(mask)`` with a size the tracer knows: the elements where the
     (broadcast) mask holds, in their order, gathered at the positions a stable sort puts
     first, as many as the mask selects (the guarded number). Where the mask depends on
     anything but inputs that need no gradient (an activation, a random draw), that number
     cannot be guarded: the op runs as it is, and the capture refuses its value-dependent size
     (:func:`~hiremate.graphbuilder.guards.check_static_sizes`)."""
-    from hiremate.errors import GraphCaptureError
-
+    if kwargs:  # out=: a tensor the caller made, of a size it chose
+        return torch.masked_select(input, mask, **kwargs)
     values, where = torch.broadcast_tensors(input, mask)
     where = where.reshape(-1)
     try:
