@@ -1,8 +1,11 @@
-"""A top-level MILP with no starting point (:func:`hiremate.solvers.hilp.starts.from_cold`): its
-first schedule within a share of its work limit, the rest of the work from that schedule.
+"""A top-level MILP with no starting point (:func:`hiremate.solvers.hilp.starts.from_cold`,
+``hilp-top``'s ``cold_share``): its first schedule within a share of its work limit, the rest of
+the work from that schedule.
 
-Why it matters: at a budget that nothing meets, the hierarchical H-ILP of ALBERT spent its
-whole work limit (minutes) finding no schedule, before the solve could refuse the budget.
+Why it exists: at a budget that nothing meets, the hierarchical H-ILP of ALBERT spent its whole
+work limit (minutes) finding no schedule before the solve could refuse the budget; a share
+makes the refusal fast, at the risk of missing a first schedule that lies deeper (the default is
+the whole limit).
 """
 
 from __future__ import annotations
@@ -45,15 +48,16 @@ def recording(outcomes: list[FakeResult]):
 
 
 def test_cold_work_is_a_whole_share_of_the_nodes_and_at_least_one():
-    assert cold_work(2000, integral_work=True) == 200
+    assert cold_work(2000, integral_work=True, share=0.1) == 200
+    assert cold_work(2000, integral_work=True, share=0.25) == 500
     assert cold_work(4, integral_work=True, share=0.1) == 1
     assert cold_work(1, integral_work=True) == 1
-    assert cold_work(20.0, integral_work=False) == pytest.approx(2.0)
+    assert cold_work(20.0, integral_work=False, share=0.1) == pytest.approx(2.0)
 
 
 def test_a_cold_search_that_finds_nothing_stops_at_its_share():
     solve, calls = recording([FakeResult("unknown")])
-    res = from_cold(solve, 2000, integral_work=True)
+    res = from_cold(solve, 2000, integral_work=True, share=0.1)
     assert res.status == "unknown"
     assert calls == [(None, 200)]
 
@@ -62,22 +66,24 @@ def test_a_first_schedule_is_improved_with_the_rest_of_the_work():
     first = FakeResult("feasible", np.array([1.0, 0.0]))
     better = FakeResult("optimal", np.array([0.0, 1.0]))
     solve, calls = recording([first, better])
-    assert from_cold(solve, 2000, integral_work=True) is better
+    assert from_cold(solve, 2000, integral_work=True, share=0.1) is better
     assert calls == [(None, 200), ([1.0, 0.0], 1800)]
 
 
 def test_a_first_part_that_proves_optimality_is_the_answer():
     done = FakeResult("optimal", np.array([1.0]))
     solve, calls = recording([done])
-    assert from_cold(solve, 2000, integral_work=True) is done
+    assert from_cold(solve, 2000, integral_work=True, share=0.1) is done
     assert calls == [(None, 200)]
 
 
 def test_a_limit_too_small_to_split_runs_once_whole():
-    """A menu MILP stopped at its root (work 1) is not solved twice."""
-    solve, calls = recording([FakeResult("feasible", np.array([1.0]))])
-    from_cold(solve, 1, integral_work=True)
-    assert calls == [(None, 1)]
+    """A menu MILP stopped at its root (work 1) is not solved twice; nor is any MILP under the
+    default share, the whole limit."""
+    for work, share in ((1, 0.1), (2000, None)):
+        solve, calls = recording([FakeResult("feasible", np.array([1.0]))])
+        from_cold(solve, work, integral_work=True, **({} if share is None else {"share": share}))
+        assert calls == [(None, work)]
 
 
 def test_cold_share_outside_its_range_is_refused():

@@ -126,10 +126,10 @@ def _complete(hm: HierModel, stages: list[Stage], solve: Callable) -> np.ndarray
 
 
 #: the share of a top-level MILP's work limit that it spends looking for its first schedule when
-#: no plan fits its budget (:func:`from_cold`): on the zoo and the Hugging Face models of the
-#: capture table, a cold MILP that found a schedule at all found it at its root or within a few
-#: dozen nodes, while one that found none spent its whole limit for nothing (minutes on ALBERT)
-COLD_SHARE = 0.1
+#: no plan fits its budget (:func:`from_cold`); 1, the whole limit, by default: a first schedule
+#: can lie deep in the tree, and the shares tried traded a schedule the whole search finds for
+#: a faster refusal (docs/design.md, "Each top-level MILP starts from a feasible point")
+COLD_SHARE = 1.0
 
 
 def cold_work(work: float, integral_work: bool, share: float = COLD_SHARE) -> float:
