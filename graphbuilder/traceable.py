@@ -111,7 +111,6 @@ class ReplayInterpreter(torch.fx.Interpreter):
 
 _CTC_PARAMETERS = ("log_probs", "targets", "input_lengths", "target_lengths", "blank",
                    "reduction", "zero_infinity")
-_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
 
 def ctc_loss_traced(value_of: Callable[[torch.Tensor], Any], *args: Any, **kwargs: Any
@@ -126,9 +125,11 @@ def ctc_loss_traced(value_of: Callable[[torch.Tensor], Any], *args: Any, **kwarg
     inputs, lengths = bound["input_lengths"], bound["target_lengths"]
     blank, zero_infinity = int(bound.get("blank", 0)), bool(bound.get("zero_infinity", False))
     reduction = bound.get("reduction", "mean")
-    reduction = _REDUCTIONS.get(reduction, reduction) if isinstance(reduction, str) else reduction
-    if reduction not in (0, 1, 2):
-        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if isinstance(reduction, str):  # a name torch does not know: torch's own error
+        reduction = torch.nn._reduction.get_enum(reduction)
+    if reduction not in (0, 1, 2):  # likewise, from the op itself
+        return torch.ctc_loss(log_probs, targets, inputs, lengths, blank, reduction,
+                              zero_infinity)
     if isinstance(lengths, torch.Tensor):
         longest = int(value_of(lengths.max())) if lengths.numel() else 0
         token = _LONGEST_TARGET.set(longest)
