@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from hiremate.errors import GraphCaptureError
 from hiremate.ir.graph import Op
 from hiremate.graphbuilder.encode import encode_arg
+from hiremate.graphbuilder.packed import PACKED_FORMS, read_batch_sizes
 from hiremate.graphbuilder.traceable import TRACEABLE_FORMS
 from hiremate.graphbuilder.opinfo import op_kind, qualified_name
 
@@ -81,7 +82,10 @@ class BranchRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        traceable = TRACEABLE_FORMS.get(func)
+        handled, value = read_batch_sizes(func, args)
+        if handled:
+            return value
+        traceable = TRACEABLE_FORMS.get(func) or PACKED_FORMS.get(func)
         if traceable is not None or func not in _CONCRETISING or not args or not isinstance(
                 args[0], torch.Tensor):
             out = func(*args, **kwargs) if traceable is None else traceable(

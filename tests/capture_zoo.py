@@ -466,6 +466,30 @@ def gru() -> Built:
         tensor_sum
 
 
+class PackedRecurrent(nn.Module):
+    """An LSTM over a padded batch of sequences of different lengths, packed as sequence models
+    are written (``enforce_sorted=False``), unpacked for a label per step."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(WIDTH, WIDTH, num_layers=LAYERS, batch_first=True)
+        self.head = nn.Linear(WIDTH, 10)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
+                                                   enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True,
+                                                  total_length=x.shape[1])
+        return self.head(out)
+
+
+def lstm_packed() -> Built:
+    x = torch.randn(BATCH + 1, RNN_STEPS + 1, WIDTH, dtype=torch.float64)
+    return PackedRecurrent(), (x, torch.tensor([RNN_STEPS - 1, RNN_STEPS + 1, RNN_STEPS])), \
+        tensor_sum
+
+
 def mlp_bn_inplace() -> Built:
     model = nn.Sequential(
         nn.Linear(WIDTH, 2 * WIDTH), nn.BatchNorm1d(2 * WIDTH), nn.ReLU(inplace=True),
@@ -586,6 +610,8 @@ CASES: list[Case] = [
           default_run=True),
     _case("lstm", lstm, "nn.LSTM (2 layers, batch_first) + Linear", default_run=True),
     _case("gru", gru, "nn.GRU (2 layers, batch_first) + Linear"),
+    _case("lstm_packed", lstm_packed,
+          "nn.LSTM (2 layers) on pack_padded_sequence, lengths as a tensor, unsorted"),
     _case("mlp_bn_inplace", mlp_bn_inplace, "MLP with BatchNorm1d and ReLU(inplace=True)",
           default_run=True),
     _case("conv_bn_inplace", conv_bn_inplace, "3 convs + BatchNorm + ReLU(inplace) + y += h",
