@@ -169,7 +169,9 @@ def packed_rnn_traced(kind: str):
             "rnn_relu": _simple_cell(torch.relu)}[kind]
 
     def run(value_of: Callable[[torch.Tensor], Any], *args: Any) -> Any:
-        if len(args) < 2 or not hasattr(args[1], _MARK):  # not packed: the op as it is
+        packed = len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].dim() == 1 \
+            and not args[1].is_floating_point()  # the batch sizes, where the unpacked has hx
+        if not packed:  # the op as it is
             return getattr(torch, kind)(*args)
         data, batch_sizes, hx, params, biases, layers, dropout, train, bidirectional = args
         sizes = _values(batch_sizes)

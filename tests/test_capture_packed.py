@@ -99,3 +99,31 @@ def test_other_lengths_are_captured_again_and_a_permutation_is_not():
     assert wrapped.recaptures == 0
     assert_trains_as_eager(wrapped, model, sample([9, 3, 6], seed=2))
     assert wrapped.recaptures == 1
+
+
+class PacksByHand(nn.Module):
+    """Builds its ``PackedSequence`` from tensors it is given, not by packing."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 12)
+
+    def forward(self, data, batch_sizes):
+        out, _ = self.rnn(nn.utils.rnn.PackedSequence(data, batch_sizes))
+        return out.data.sum()
+
+
+def test_a_packed_sequence_built_by_hand_is_refused_by_name():
+    data, batch_sizes = torch.randn(6, 8, dtype=torch.float64), torch.tensor([3, 2, 1])
+    with pytest.raises(hiremate.GraphCaptureError) as info:
+        hiremate.build_graph(PacksByHand().double(), (data, batch_sizes), cost_model="flops")
+    assert "batch sizes the capture did not make" in info.value.attempts["make_fx"]
+
+
+def test_unsorted_lengths_with_enforce_sorted_are_refused_as_eager_refuses_them():
+    model = Tagger(enforce_sorted=True).double()
+    with pytest.raises(RuntimeError):  # eager's own refusal
+        model(*sample([4, 10, 7]))
+    with pytest.raises(hiremate.GraphCaptureError) as info:
+        hiremate.build_graph(model, sample([4, 10, 7]), cost_model="flops")
+    assert "sorted in decreasing order" in info.value.attempts["make_fx"]
