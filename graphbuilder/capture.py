@@ -20,6 +20,7 @@ import contextlib
 import inspect
 import logging
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -98,8 +99,7 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
             try:
                 with _foreign_randomness_check(model):
                     if path == "export":
-                        exported = torch.export.export(model, args, kwargs=kwargs, strict=False)
-                        module = exported.module()
+                        module = _exported(model, args, kwargs)
                     else:
                         module = model
                     result = _trace_joint(module, model, args, kwargs, path,
@@ -116,6 +116,18 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
         f"could not capture {type(model).__name__}: every capture path failed ({tried})",
         attempts=attempts,
     )
+
+
+def _exported(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.nn.Module:
+    """``torch.export`` of ``model`` as a module, its warnings logged, not shown: the export
+    path is the capture's own fallback (an RNN's flat weights made it warn to the user about
+    attributes the user never assigned)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exported = torch.export.export(model, args, kwargs=kwargs, strict=False)
+    for warning in caught:
+        log.debug("torch.export warned: %s", warning.message)
+    return exported.module()
 
 
 @contextlib.contextmanager
