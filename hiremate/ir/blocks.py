@@ -144,6 +144,17 @@ def _backward_cycle(graph: Graph, bwd_block: dict[int, int]) -> bool:
     return not nx.is_directed_acyclic_graph(deps)
 
 
+def against_the_chain(problem: "TopProblem") -> list[tuple[int, int]]:
+    """``(producer, reader)`` pairs of backward nodes where a block's backward reads a value that
+    an *earlier* block's backward makes. A chain of blocks runs the backward parts last block
+    first, so no chain schedule can serve such a read (the partition put a node of the later
+    block's backward into the earlier block: the packed steps of an RNN did)."""
+    graph = problem.graph
+    home = {n: b.index for b in problem.blocks for n in b.bwd}
+    return [(p, n) for b in problem.blocks for n in b.bwd for d in graph.nodes[n].inputs
+            if (p := graph.data[d].producer) is not None and home.get(p, b.index) < b.index]
+
+
 def extract(graph: Graph, fwd: Sequence[int], bwd: Sequence[int]) -> tuple[Graph, list[int], list[int]]:
     """The CD-graph of a block: ``fwd`` nodes, a loss node, ``bwd`` nodes (see module doc).
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from hiremate.errors import SolverError
-from hiremate.ir.blocks import Candidate, TopProblem, flatten, long_lived
+from hiremate.ir.blocks import Candidate, TopProblem, against_the_chain, flatten, long_lived
 from hiremate.ir.graph import COUNTED_KINDS, DataKind, Graph
 from hiremate.ir.schedule import Schedule
 from hiremate.ir.simulator import SimulationResult, simulate
@@ -129,6 +129,15 @@ class RkRotorTop:
         trades solve time for a schedule closer to the budget."""
         from hiremate.solvers.chain.rk_rotor import BlockOp, block_min_budget, simulate_blocks, solve_blocks
 
+        against = against_the_chain(problem)
+        if against:
+            p, n = against[0]
+            raise SolverError(
+                f"rk-Rotor: the backward parts of these {len(problem.blocks)} blocks cannot run "
+                f"as a chain: backward node {problem.graph.nodes[n].name!r} reads what "
+                f"{problem.graph.nodes[p].name!r} of an earlier block's backward makes "
+                f"({len(against)} such reads); a chain composer needs each block's backward to "
+                "read the later blocks' only")
         bc = self.block_chain(problem)
         slots = self.slots_for(bc.L)
         graph = problem.graph
