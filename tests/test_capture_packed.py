@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import hiremate
+from test_capture_value_sized import assert_trains_as_eager
 
 #: TW-Remat on the whole graph alone (the ``twremat`` preset): these tests check the capture and
 #: the executor under recomputation, not how good the schedule is
@@ -57,19 +58,6 @@ def build(model, args) -> hiremate.HRockmate:
         return hiremate.HRockmate(model, args, BUDGET, "twremat", **FAST)
     except hiremate.InfeasibleBudgetError as exc:
         return hiremate.HRockmate(model, args, exc.min_budget, "twremat", **FAST)
-
-
-def assert_trains_as_eager(wrapped, model, args) -> None:
-    model.zero_grad(set_to_none=True)
-    loss = wrapped(*args)
-    loss.backward()
-    ours = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    eager = model(*args)
-    eager.backward()
-    torch.testing.assert_close(loss, eager, rtol=1e-12, atol=0)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(ours[name], p.grad, rtol=1e-10, atol=1e-14, msg=name)
 
 
 @pytest.mark.parametrize("options", [

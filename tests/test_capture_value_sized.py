@@ -49,13 +49,16 @@ def batch(target_lengths: list[int], as_tensors: bool = True, seed: int = 0) -> 
             "target_lengths": target_lengths}
 
 
-def assert_trains_as_eager(wrapped: nn.Module, model: nn.Module, sample: dict) -> None:
+def assert_trains_as_eager(wrapped: nn.Module, model: nn.Module, sample: dict | tuple) -> None:
+    """One step of ``wrapped`` and one of eager ``model`` on ``sample`` (keyword arguments or
+    positional ones), the output summed: the same loss and parameter gradients (float64)."""
+    args, kwargs = ((), sample) if isinstance(sample, dict) else (sample, {})
     model.zero_grad(set_to_none=True)
-    loss = wrapped(**sample).sum()
+    loss = wrapped(*args, **kwargs).sum()
     loss.backward()
     ours = {k: p.grad.clone() for k, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    eager = model(**sample).sum()
+    eager = model(*args, **kwargs).sum()
     eager.backward()
     torch.testing.assert_close(loss, eager, rtol=1e-12, atol=0)
     for name, p in model.named_parameters():

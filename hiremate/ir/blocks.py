@@ -152,7 +152,8 @@ def against_the_chain(problem: "TopProblem") -> list[tuple[int, int]]:
     graph = problem.graph
     home = {n: b.index for b in problem.blocks for n in b.bwd}
     return [(p, n) for b in problem.blocks for n in b.bwd for d in graph.nodes[n].inputs
-            if (p := graph.data[d].producer) is not None and home.get(p, b.index) < b.index]
+            if (p := graph.data[d].producer) is not None
+            and home.get(p, b.index) < b.index]
 
 
 def extract(graph: Graph, fwd: Sequence[int], bwd: Sequence[int]) -> tuple[Graph, list[int], list[int]]:
