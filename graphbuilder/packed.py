@@ -115,7 +115,12 @@ def pad_packed_traced(value_of: Callable[[torch.Tensor], Any], data: torch.Tenso
     return (out.transpose(0, 1) if batch_first else out), lengths_tensor
 
 
-def _lstm_cell(x, state, w):
+#: a cell's weights: input, hidden, their biases (None without), the LSTM projection (or None)
+Weights = list[Any]
+State = tuple[torch.Tensor, ...]
+
+
+def _lstm_cell(x: torch.Tensor, state: State, w: Weights) -> State:
     h, c = state
     gates = F.linear(x, w[0], w[2]) + F.linear(h, w[1], w[3])
     i, f, g, o = gates.chunk(4, 1)
@@ -124,7 +129,7 @@ def _lstm_cell(x, state, w):
     return (h if w[4] is None else F.linear(h, w[4])), c
 
 
-def _gru_cell(x, state, w):
+def _gru_cell(x: torch.Tensor, state: State, w: Weights) -> State:
     (h,) = state
     gi, gh = F.linear(x, w[0], w[2]).chunk(3, 1), F.linear(h, w[1], w[3]).chunk(3, 1)
     reset = torch.sigmoid(gi[0] + gh[0])
@@ -133,13 +138,16 @@ def _gru_cell(x, state, w):
     return ((h - new) * update + new,)
 
 
-def _simple_cell(activation):
-    def cell(x, state, w):
+def _simple_cell(activation: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> Callable[[torch.Tensor, State, Weights], State]:
+    def cell(x: torch.Tensor, state: State, w: Weights) -> State:
         return (activation(F.linear(x, w[0], w[2]) + F.linear(state[0], w[1], w[3])),)
     return cell
 
 
-def _direction(data, sizes, state, w, cell, reverse: bool):
+def _direction(data: torch.Tensor, sizes: list[int], state: list[torch.Tensor], w: Weights,
+               cell: Callable[[torch.Tensor, State, Weights], State], reverse: bool
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One direction of one layer over packed ``data``: its output rows and final state."""
     starts = [sum(sizes[:t]) for t in range(len(sizes))]
     order = range(len(sizes) - 1, -1, -1) if reverse else range(len(sizes))
@@ -162,7 +170,7 @@ def _direction(data, sizes, state, w, cell, reverse: bool):
     return torch.cat(outputs), ends
 
 
-def packed_rnn_traced(kind: str):
+def packed_rnn_traced(kind: str) -> Callable[..., Any]:
     """``torch.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu`` in their packed form (the batch
     sizes second), step by step; the unpacked form runs as it is."""
     cell = {"lstm": _lstm_cell, "gru": _gru_cell, "rnn_tanh": _simple_cell(torch.tanh),
