@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from hiremate.errors import GraphCaptureError
 from hiremate.ir.graph import Op
 from hiremate.graphbuilder.encode import encode_arg
-from hiremate.graphbuilder.packed import PACKED_FORMS, read_batch_sizes
+from hiremate.graphbuilder.packed import read_batch_sizes
 from hiremate.graphbuilder.traceable import TRACEABLE_FORMS
 from hiremate.graphbuilder.opinfo import op_kind, qualified_name
 
@@ -85,7 +85,7 @@ class BranchRecorder(TorchFunctionMode):
         handled, value = read_batch_sizes(func, args)
         if handled:
             return value
-        traceable = TRACEABLE_FORMS.get(func) or PACKED_FORMS.get(func)
+        traceable = TRACEABLE_FORMS.get(func)
         if traceable is not None or func not in _CONCRETISING or not args or not isinstance(
                 args[0], torch.Tensor):
             out = func(*args, **kwargs) if traceable is None else traceable(
@@ -93,24 +93,19 @@ class BranchRecorder(TorchFunctionMode):
             if self.sized_by_values is None and _sized_by_values(out):
                 self.sized_by_values = (_user_frame(), getattr(func, "__name__", str(func)))
             return out
+        return self._value_of(args[0], func)
+
+    def _value_of(self, tensor: torch.Tensor, func: Any = torch.Tensor.tolist) -> Any:
+        """``func`` of ``tensor`` (a Tensor method that hands its value to Python; ``tolist`` by
+        default), guarded when the tensor is traced; a real constant answers as it is."""
         mode = get_proxy_mode()
         if mode is None:
-            return func(*args, **kwargs)
-        try:
-            node = get_proxy_slot(args[0], mode.tracer).proxy.node
-        except (KeyError, AttributeError, RuntimeError):  # not a traced value: a real constant
-            return func(*args, **kwargs)
-        return self._specialise(node, func, mode.tracer)
-
-    def _value_of(self, tensor: torch.Tensor) -> Any:
-        """``tensor.tolist()`` (a number for a 0-dim tensor), guarded as any value a branch
-        asks for when the tensor is traced."""
-        mode = get_proxy_mode()
+            return func(tensor)
         try:
             node = get_proxy_slot(tensor, mode.tracer).proxy.node
-        except (KeyError, AttributeError, RuntimeError):  # a real constant
-            return tensor.tolist()
-        return self._specialise(node, torch.Tensor.tolist, mode.tracer)
+        except (KeyError, AttributeError, RuntimeError):  # not a traced value: a real constant
+            return func(tensor)
+        return self._specialise(node, func, mode.tracer)
 
     def _specialise(self, node: torch.fx.Node, func: Any, tracer: Any) -> Any:
         graph, root = tracer.graph, tracer.root

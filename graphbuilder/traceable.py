@@ -33,6 +33,7 @@ import torch
 import torch.fx
 
 from hiremate.errors import GraphCaptureError
+from hiremate.graphbuilder.packed import PACKED_FORMS
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +171,11 @@ def masked_select_traced(value_of: Callable[[torch.Tensor], Any], input: torch.T
     return values.reshape(-1).index_select(0, order[:count])
 
 
-#: the functions the capture runs in a form it can trace, each called with a function that
-#: gives a traced tensor's value (guarded) before the call's own arguments
+#: the functions the capture runs in a form it can trace (these and the packed-sequence ones of
+#: :mod:`hiremate.graphbuilder.packed`), each called with a function that gives a traced
+#: tensor's value (guarded) before the call's own arguments
 TRACEABLE_FORMS = {torch.nn.functional.ctc_loss: ctc_loss_traced,
                    torch.ctc_loss: ctc_loss_traced,
                    torch.masked_select: masked_select_traced,
-                   torch.Tensor.masked_select: masked_select_traced}
+                   torch.Tensor.masked_select: masked_select_traced,
+                   **PACKED_FORMS}

@@ -406,12 +406,11 @@ class HilpTop:
                 break
             empty = [sol.status for sol in sols if sol.sim is None]
             if empty and not state.found:
-                exc = SolverError(
-                    f"hilp-top found no solution within its limits (work_limit "
-                    f"{self.work_limit or DEFAULT_WORK.get(self.backend, 'default')}, of "
-                    f"which cold_share {self.cold_share:g} without a "
-                    f"start; time_limit {self.time_limit:g}s; {empty[0]}); raise the budget, "
-                    "or its work_limit, cold_share or time_limit")
+                cold = (f", of which cold_share {self.cold_share:g} without a start"
+                        if self.cold_share < 1 else "")
+                exc = SolverError(f"hilp-top found no solution within its limits (work_limit "
+                                  f"{self.work_limit}{cold}, time_limit {self.time_limit:g}s; "
+                                  f"{empty[0]}); raise its work_limit or time_limit")
                 exc.timed_out = True
                 raise exc
             proposals = state.next_budgets()
