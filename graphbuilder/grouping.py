@@ -12,7 +12,11 @@ Automatic and Generic Tool for Re-materialization in PyTorch", appendix A):
   and the tensor becomes a soft dependency (ordering only);
 - a backward op joins its group's current node only when everything it reads comes from that
   node or an earlier one; otherwise it opens a new node, so the grouped graph stays acyclic
-  and its node order is an execution order.
+  and its node order is an execution order;
+- a backward op tagged with a forward op whose backward it cannot be part of (it reads a
+  gradient that flows from a forward node that is not downstream of that op) runs in a node of
+  its own, without a partner: autograd tags the sums it inserts where a value has several
+  readers with the sequence number of the first backward op it ran (:class:`GradientOrigins`).
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def group_joint(cap: JointCapture) -> Grouping:
     group_of_node: dict[str, Group] = {}
     fwd_group_of_seq: dict[int, Group] = {}
     bwd_current: dict[Any, Group] = {}
+    origins = GradientOrigins(fwd, producer, readers)
     phase = NodeKind.FWD
     n_fwd_ops = 0
 
@@ -171,7 +176,7 @@ def group_joint(cap: JointCapture) -> Grouping:
                 add(producer[o], node)
         elif schema_name(target) in LIKE_FACTORIES and _contiguous(node.args[0]):
             g = _open_group(node, phase, seq, fwd_group_of_seq, bwd_current, new_group,
-                            read_owners=lambda n: [], group_rank=group_rank, producer=producer)
+                            lambda n: [], group_rank, producer, origins)
             src = node.args[0]
             o = owner.get(rename.get(src.name, src.name))
             if src.name in inline:
@@ -185,7 +190,7 @@ def group_joint(cap: JointCapture) -> Grouping:
             group_of_node[node.name] = g
         else:
             g = _open_group(node, phase, seq, fwd_group_of_seq, bwd_current, new_group,
-                            read_owners, group_rank, producer)
+                            read_owners, group_rank, producer, origins)
             for i in kind.writes:
                 arg = node.args[i] if i < len(node.args) else None
                 if isinstance(arg, torch.fx.Node):
@@ -231,19 +236,82 @@ def inline_root(name: str, inline: dict[str, torch.fx.Node], rename: dict[str, s
 
 
 def _open_group(node, phase, seq, fwd_group_of_seq, bwd_current, new_group, read_owners,
-                group_rank, producer) -> Group:
+                group_rank, producer, origins: "GradientOrigins") -> Group:
     if phase is NodeKind.FWD:
         return new_group(NodeKind.FWD)
+    reads = read_owners(node)
     key = seq if seq is not None and seq in fwd_group_of_seq else ("solo", node.name)
+    if key == seq and not origins.downstream_of(fwd_group_of_seq[seq], reads):
+        key = ("solo", node.name)
     current = bwd_current.get(key)
     if current is not None:
         limit = group_rank(current)
-        if all(group_rank(producer[o]) <= limit for o in read_owners(node) if o in producer):
+        if all(group_rank(producer[o]) <= limit for o in reads if o in producer):
+            origins.note(current, reads)
             return current
     g = new_group(NodeKind.BWD, key)
     g.partner = fwd_group_of_seq.get(seq) if key == seq else None
     bwd_current[key] = g
+    origins.note(g, reads)
     return g
+
+
+class GradientOrigins:
+    """Where each backward group's gradients flow from, to check autograd's pairing.
+
+    The origin of a backward group paired with forward group ``F`` is ``F`` (it makes the
+    gradients of ``F``'s inputs); an unpaired group's origins are those of the gradients it
+    reads (a sum of partial gradients flows from every reader of the value). The backward of
+    ``F`` reads only gradients that flow from ``F`` or from forward groups downstream of it, so
+    an op tagged with ``F`` that reads another is not part of ``F``'s backward: autograd tags
+    the sums it inserts for values with several readers with the sequence number of the first
+    backward op it ran (in a ResNet, its classifier's). Paired with ``F``, such a sum would sit
+    in ``F``'s backward while reading gradients that ``F``'s backward makes possible only later
+    in a partition's order: blocks' backward parts would depend on each other in a cycle."""
+
+    def __init__(self, fwd: list[Group], producer: dict[str, Group],
+                 readers: dict[str, set[int]]):
+        self._fwd, self._producer, self._readers = fwd, producer, readers
+        self._downstream: list[int] | None = None   # per forward group: bit set of itself
+        self._origins: dict[int, int] = {}          # id(backward group) -> bit set of groups
+
+    def _reach(self) -> list[int]:
+        """Per forward group, the forward groups that read its values, transitively (and
+        itself), as bit sets over group indices. Computed once the forward phase is over."""
+        if self._downstream is None:
+            index = {id(g): g.index for g in self._fwd}
+            succ: list[set[int]] = [set() for _ in self._fwd]
+            for o, g in self._producer.items():
+                if g.kind is NodeKind.FWD:
+                    succ[g.index].update(index[r] for r in self._readers.get(o, ())
+                                         if r in index and index[r] != g.index)
+            down = [1 << i for i in range(len(self._fwd))]
+            # readers are made after what they read, so later indices come first
+            for i in sorted(range(len(self._fwd)), reverse=True):
+                for j in succ[i]:
+                    down[i] |= down[j]
+            self._downstream = down
+        return self._downstream
+
+    def _flowing(self, reads: list[str]) -> int:
+        bits = 0
+        for o in reads:
+            g = self._producer.get(o)
+            if g is not None and g.kind is NodeKind.BWD:
+                bits |= self._origins.get(id(g), 0)
+        return bits
+
+    def downstream_of(self, fwd_group: Group, reads: list[str]) -> bool:
+        """Whether every gradient among ``reads`` flows from ``fwd_group`` or below it."""
+        bits = self._flowing(reads)
+        return not bits or not bits & ~self._reach()[fwd_group.index]
+
+    def note(self, group: Group, reads: list[str]) -> None:
+        """Record an op joining ``group`` (a backward group) that reads ``reads``."""
+        if group.partner is not None:
+            self._origins[id(group)] = 1 << group.partner.index
+        else:
+            self._origins[id(group)] = self._origins.get(id(group), 0) | self._flowing(reads)
 
 
 def _inplace(node, o, kind, group_of_node, producer, readers, source_kind, source_label,
