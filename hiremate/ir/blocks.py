@@ -147,8 +147,9 @@ def _backward_cycle(graph: Graph, bwd_block: dict[int, int]) -> bool:
 def against_the_chain(problem: "TopProblem") -> list[tuple[int, int]]:
     """``(producer, reader)`` pairs of backward nodes where a block's backward reads a value that
     an *earlier* block's backward makes. A chain of blocks runs the backward parts last block
-    first, so no chain schedule can serve such a read (the partition put a node of the later
-    block's backward into the earlier block: the packed steps of an RNN did)."""
+    first, so no chain schedule can serve such a read (a node of the later block's backward
+    placed in the earlier block: a gradient sum paired with the wrong forward node did, before
+    the graph builder left such sums unpaired)."""
     graph = problem.graph
     home = {n: b.index for b in problem.blocks for n in b.bwd}
     return [(p, n) for b in problem.blocks for n in b.bwd for d in graph.nodes[n].inputs
