@@ -14,6 +14,7 @@ import torch
 import hiremate
 from hiremate.errors import ConfigError, SolverError
 from hiremate.ir.blocks import TopProblem, make_blocks
+from hiremate.ir.graph import Graph
 from hiremate.registry import make_partitioner
 from hiremate.partition import PeelPartition, SequencePartition, forward_dag
 from hiremate.partition.hierarchy import hierarchy_from_levels
@@ -148,24 +149,48 @@ class _Residual(torch.nn.Module):
         return self.d((h + self.c(torch.relu(h))) + z).sum()
 
 
+def _paired_as_autograd_tags(graph):
+    """``graph`` with its gradient sums paired with its last forward node, whose backward op
+    autograd runs first and whose sequence number it gives the sums it inserts (the graph
+    builder leaves them unpaired)."""
+    last = graph.fwd_nodes[-1].id
+    payload = graph.to_dict()
+    for node in graph.bwd_nodes:
+        made_by_backward = [graph.data[d].producer for d in node.inputs
+                            if graph.data[d].producer is not None
+                            and graph.nodes[graph.data[d].producer].is_bwd]
+        if node.partner is None and len(made_by_backward) >= 2:
+            payload["nodes"][node.id]["partner"] = last
+            if payload["nodes"][last]["partner"] is None:
+                payload["nodes"][last]["partner"] = node.id
+    return Graph.from_dict(payload)
+
+
 def test_peel_is_vetoed_where_the_contracted_backward_would_have_a_cycle():
     """The gradient of ``h`` sums what flows back through the two adds (from the next block's
-    backward) and through ``c`` (from the block's own): with the sink peeled, that sum stays at
-    the top level between two parts of the block's backward, a cycle that the hierarchical
-    H-ILP's contraction rejects. The partitioner leaves the block whole."""
-    g = hiremate.build_graph(_Residual(), torch.randn(4, 8), cost_model="flops")
-    dag, node_ids, _ = forward_dag(g)
-    whole = SequencePartition().partition(g)
-    h = PeelPartition("sequence", peel_min=2).partition(g)
-    assert [h.leaves(p) for p in h.top] == [whole.leaves(p) for p in whole.top]
-    index = {n: i for i, n in enumerate(node_ids)}
-    blocks = [tuple(sorted(index[n] for n in whole.leaves(p))) for p in whole.top]
-    forced = peel_sinks(dag, blocks, 2)
-    assert len(forced) == len(blocks) + 1
-    blocks_f, tail = make_blocks(g, hierarchy_from_levels(dag, [forced], "forced", graph=g,
-                                                          node_ids=node_ids))
-    with pytest.raises(SolverError, match="cycle"):
-        top_graph(TopProblem(g, blocks_f, tail))
+    backward) and through ``c`` (from the block's own). Paired with the model's last forward
+    node, as autograd tags it, that sum would sit in the last block's backward: with the sink
+    peeled, the blocks' backward parts depend on each other in a cycle, which the hierarchical
+    H-ILP's contraction rejects, and the partitioner leaves the block whole. The graph builder
+    leaves the sum unpaired, so it goes with its readers and the peel stands."""
+    built = hiremate.build_graph(_Residual(), torch.randn(4, 8), cost_model="flops")
+    for g, vetoed in ((_paired_as_autograd_tags(built), True), (built, False)):
+        dag, node_ids, _ = forward_dag(g)
+        whole = SequencePartition().partition(g)
+        h = PeelPartition("sequence", peel_min=2).partition(g)
+        same = [h.leaves(p) for p in h.top] == [whole.leaves(p) for p in whole.top]
+        assert same is vetoed
+        index = {n: i for i, n in enumerate(node_ids)}
+        blocks = [tuple(sorted(index[n] for n in whole.leaves(p))) for p in whole.top]
+        forced = peel_sinks(dag, blocks, 2)
+        assert len(forced) == len(blocks) + 1
+        blocks_f, tail = make_blocks(g, hierarchy_from_levels(dag, [forced], "forced", graph=g,
+                                                              node_ids=node_ids))
+        if vetoed:
+            with pytest.raises(SolverError, match="cycle"):
+                top_graph(TopProblem(g, blocks_f, tail))
+        else:
+            top_graph(TopProblem(g, blocks_f, tail))
 
 
 def test_peel_partitioner_registry_and_errors():
