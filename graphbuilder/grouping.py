@@ -333,7 +333,8 @@ def _inplace(node, o, kind, group_of_node, producer, readers, source_kind, sourc
         return
     home = producer[o]
     others = readers.get(o, set()) - {id(home)}
-    late = [r for r in read_owners(node) if r in producer and group_rank(producer[r]) > group_rank(home)]
+    late = [r for r in read_owners(node)
+            if r in producer and group_rank(producer[r]) > group_rank(home)]
     if others or late:
         raise GraphCaptureError(
             f"op {node.name} ({schema_name(node.target)}) writes in place into a value that "

@@ -63,9 +63,10 @@ def assign_backward(graph: Graph, fwd_block: dict[int, int]) -> tuple[dict[int, 
     node reading its outputs is in one block, to that block: the gradient flows there, so the
     blocks' backward parts keep the reverse order of their forward parts, whatever the shape of
     the partition; when one block both produces what it reads and reads its result, to that
-    block (the node sits inside that block's backward). Otherwise it joins the block of the data it reads when those come from one
-    block or two neighbours (the lower one, whose backward reads the gradient anyway); the rest
-    stays at the top level (``tail``), run as soon as its inputs exist. Should the blocks'
+    block (the node sits inside that block's backward). Otherwise it joins the block of the
+    data it reads when those come from one block or two neighbours (the lower one, whose
+    backward reads the gradient anyway); the rest stays at the top level (``tail``), run as
+    soon as its inputs exist. Should the blocks'
     backward parts still depend on each other in a cycle, the nodes placed by the second rule
     move to the tail, then all of them (a tail node can always run).
 
@@ -157,7 +158,8 @@ def against_the_chain(problem: "TopProblem") -> list[tuple[int, int]]:
             and home.get(p, b.index) < b.index]
 
 
-def extract(graph: Graph, fwd: Sequence[int], bwd: Sequence[int]) -> tuple[Graph, list[int], list[int]]:
+def extract(graph: Graph, fwd: Sequence[int], bwd: Sequence[int]
+            ) -> tuple[Graph, list[int], list[int]]:
     """The CD-graph of a block: ``fwd`` nodes, a loss node, ``bwd`` nodes (see module doc).
 
     Data produced outside become sources (forward values) or outputs of the local loss
