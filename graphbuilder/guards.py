@@ -127,7 +127,8 @@ class BranchRecorder(TorchFunctionMode):
                     "the wrapped model"
                 )
         inputs = {n.name: role[n.name][1] for n in needed if n.op == "placeholder"}
-        ops = tuple(_record(n, root) for n in needed if n.op == "call_function")
+        with _disable_current_modes():  # a constant's value read under the tracer is symbolic
+            ops = tuple(_record(n, root) for n in needed if n.op == "call_function")
         value = self._evaluate(needed, node, inputs, func, root)
         guard = Guard(where, value, inputs, ops, node.name, func.__name__)
         self.guards.append(guard)

@@ -170,3 +170,32 @@ def test_a_selection_by_an_activation_is_still_refused_with_its_line():
     reason = info.value.attempts["make_fx"]
     assert "size depends on tensor values" in reason
     assert "return h.masked_select(h > 0).sum()" in reason
+
+
+class ScalarWriteBranch(nn.Module):
+    """Longformer's pattern: an input mask is written with a Python scalar (traced as a tensor
+    constant of the program) and a branch asks whether any entry is positive."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        scores = mask.to(x.dtype)
+        scores[mask == 2] = torch.finfo(x.dtype).max
+        if (scores > 0).any().item():
+            return self.lin(x).tanh() * 2
+        return self.lin(x).tanh()
+
+
+def test_a_guard_that_reads_a_constant_of_the_program_is_recorded_by_value():
+    """The guard's ops were recorded while the tracer ran, so reading the constant's value
+    was traced into the program (a ``KeyError`` on ``_tensor_constant0_1`` in the grouping)
+    and stored as a symbolic float (not JSON); they are now recorded outside every mode."""
+    torch.manual_seed(0)
+    model = ScalarWriteBranch().double()
+    sample = (torch.randn(4, 8, dtype=torch.float64), torch.tensor([0, 2, 1, 0]))
+    wrapped = build(model, sample, 1.0)  # a tiny graph: the capture is what is checked
+    assert_trains_as_eager(wrapped, model, sample)
+    other = (torch.randn(4, 8, dtype=torch.float64), torch.tensor([0, 0, 0, 0]))
+    assert_trains_as_eager(wrapped, model, other)  # the branch's other side: captured again
