@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from hiremate.errors import ConfigError
+from hiremate.errors import ConfigError, GraphCaptureError, HiremateError
 from hiremate.ir.graph import Graph
 from hiremate.graphbuilder.assemble import assemble
 from hiremate.graphbuilder.capture import capture, capturing, normalise_sample
@@ -43,7 +43,7 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     with capturing():
         cap = capture(model, sample, output_gradients)
     t_capture = time.perf_counter() - start
-    grouping = group_joint(cap)
+    grouping = _grouped(cap, model)
     device = _device(model, sample)
     # the program's ops carry the casts of an autocast active at capture: measured as recorded
     with torch.autocast(device.type, enabled=False):
@@ -128,6 +128,21 @@ def _device(model: torch.nn.Module, sample: Any) -> torch.device:
         if isinstance(t, torch.Tensor):
             return t.device
     return torch.device("cpu")
+
+
+def _grouped(cap: Any, model: torch.nn.Module) -> Any:
+    """:func:`group_joint` of the captured program. An error that is not hiremate's own comes
+    from a traced construct the grouping does not handle: the user gets a capture error that
+    says so (the original kept as its cause), not a bare ``KeyError``."""
+    try:
+        return group_joint(cap)
+    except HiremateError:
+        raise
+    except Exception as exc:
+        raise GraphCaptureError(
+            f"hiremate traced {type(model).__name__} but could not group its program into "
+            f"compute nodes ({type(exc).__name__}: {exc}); this is a hiremate bug: please "
+            "report this model (the cause is chained below)") from exc
 
 
 def _check_devices(model: torch.nn.Module, sample: Any) -> None:

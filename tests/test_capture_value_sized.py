@@ -199,3 +199,18 @@ def test_a_guard_that_reads_a_constant_of_the_program_is_recorded_by_value():
     assert_trains_as_eager(wrapped, model, sample)
     other = (torch.randn(4, 8, dtype=torch.float64), torch.tensor([0, 0, 0, 0]))
     assert_trains_as_eager(wrapped, model, other)  # the branch's other side: captured again
+
+
+def test_an_internal_grouping_error_reaches_the_user_as_a_capture_error(monkeypatch):
+    """Longformer's ``KeyError`` reached the user bare; an error of the grouping that is not
+    hiremate's own now comes as a ``GraphCaptureError`` asking for a report, its cause
+    chained."""
+    import hiremate.graphbuilder.build as build_module
+
+    def broken(cap):
+        raise KeyError("_tensor_constant0_1")
+
+    monkeypatch.setattr(build_module, "group_joint", broken)
+    with pytest.raises(hiremate.GraphCaptureError, match="please report") as info:
+        hiremate.build_graph(nn.Linear(4, 4), torch.randn(2, 4), cost_model="flops")
+    assert isinstance(info.value.__cause__, KeyError)
