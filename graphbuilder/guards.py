@@ -86,14 +86,15 @@ class BranchRecorder(TorchFunctionMode):
         if handled:
             return value
         traceable = TRACEABLE_FORMS.get(func)
-        if traceable is not None or func not in _CONCRETISING or not args or not isinstance(
-                args[0], torch.Tensor):
-            out = func(*args, **kwargs) if traceable is None else traceable(
-                self._value_of, *args, **kwargs)
-            if self.sized_by_values is None and _sized_by_values(out):
-                self.sized_by_values = (_user_frame(), getattr(func, "__name__", str(func)))
-            return out
-        return self._value_of(args[0], func)
+        if traceable is not None:
+            out = traceable(self._value_of, *args, **kwargs)
+        elif func in _CONCRETISING and args and isinstance(args[0], torch.Tensor):
+            return self._value_of(args[0], func)
+        else:
+            out = func(*args, **kwargs)
+        if self.sized_by_values is None and _sized_by_values(out):
+            self.sized_by_values = (_user_frame(), getattr(func, "__name__", str(func)))
+        return out
 
     def _value_of(self, tensor: torch.Tensor, func: Any = torch.Tensor.tolist) -> Any:
         """``func`` of ``tensor`` (a Tensor method that hands its value to Python; ``tolist`` by

@@ -66,10 +66,10 @@ def read_batch_sizes(func: Any, args: tuple) -> tuple[bool, Any]:
     return True, int(value) if isinstance(value, torch.Tensor) and value.dim() == 0 else value
 
 
-def _rows(running: torch.Tensor, count: int) -> torch.Tensor:
-    """The flat positions ``t * batch + b`` of the ``(time, batch)`` cells where ``running``
-    holds, in time order: where a stable sort puts them first (no constant index, whatever the
-    number of rows)."""
+def selected_positions(running: torch.Tensor, count: int) -> torch.Tensor:
+    """The flat positions of the ``count`` cells where ``running`` holds, in order (for a
+    ``(time, batch)`` mask, ``t * batch + b`` in time order): where a stable sort puts them
+    first, so no constant index enters the program, whatever the number of cells."""
     return torch.argsort(torch.logical_not(running).reshape(-1).to(torch.uint8),
                          stable=True)[:count]
 
@@ -92,7 +92,7 @@ def pack_padded_traced(value_of: Callable[[torch.Tensor], Any], input: torch.Ten
         [values], device=input.device)
     running = torch.arange(len(sizes), device=input.device)[:, None] < ends
     flat = steps.reshape(len(sizes) * steps.shape[1], *steps.shape[2:])
-    return flat.index_select(0, _rows(running, sum(sizes))), _constant(sizes)
+    return flat.index_select(0, selected_positions(running, sum(sizes))), _constant(sizes)
 
 
 def pad_packed_traced(value_of: Callable[[torch.Tensor], Any], data: torch.Tensor,
@@ -107,7 +107,7 @@ def pad_packed_traced(value_of: Callable[[torch.Tensor], Any], data: torch.Tenso
                             device=data.device)
     running = torch.arange(batch, device=data.device)[None, :] < per_step
     out = data.new_full((steps * batch, *data.shape[1:]), padding_value)
-    out = out.index_copy(0, _rows(running, sum(sizes)), data)
+    out = out.index_copy(0, selected_positions(running, sum(sizes)), data)
     out = out.reshape(steps, batch, *data.shape[1:])
     lengths = [sum(1 for size in sizes if size > b) for b in range(batch)]
     with _disable_current_modes():

@@ -33,7 +33,7 @@ import torch
 import torch.fx
 
 from hiremate.errors import GraphCaptureError
-from hiremate.graphbuilder.packed import PACKED_FORMS
+from hiremate.graphbuilder.packed import PACKED_FORMS, selected_positions
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +154,9 @@ def ctc_loss_traced(value_of: Callable[[torch.Tensor], Any], *args: Any, **kwarg
 def masked_select_traced(value_of: Callable[[torch.Tensor], Any], input: torch.Tensor,
                          mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """``input.masked_select(mask)`` with a size the tracer knows: the elements where the
-    (broadcast) mask holds, in their order, gathered at the positions a stable sort puts
-    first, as many as the mask selects (the guarded number). Where the mask depends on
+    (broadcast) mask holds, in their order, gathered at
+    :func:`~hiremate.graphbuilder.packed.selected_positions`, as many as the mask selects (the
+    guarded number). Where the mask depends on
     anything but inputs that need no gradient (an activation, a random draw), that number
     cannot be guarded: the op runs as it is, and the capture refuses its value-dependent size
     (:func:`~hiremate.graphbuilder.guards.check_static_sizes`)."""
@@ -167,8 +168,7 @@ def masked_select_traced(value_of: Callable[[torch.Tensor], Any], input: torch.T
         count = int(value_of(where.sum()))
     except GraphCaptureError:
         return torch.masked_select(input, mask)
-    order = torch.argsort(torch.logical_not(where).to(torch.uint8), stable=True)
-    return values.reshape(-1).index_select(0, order[:count])
+    return values.reshape(-1).index_select(0, selected_positions(where, count))
 
 
 #: the functions the capture runs in a form it can trace (these and the packed-sequence ones of

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import hiremate
-from test_capture_value_sized import assert_trains_as_eager
+from test_capture_value_sized import assert_reuses_then_recaptures, assert_trains_as_eager
 
 #: TW-Remat on the whole graph alone (the ``twremat`` preset): these tests check the capture and
 #: the executor under recomputation, not how good the schedule is
@@ -83,10 +83,8 @@ def test_other_lengths_are_captured_again_and_a_permutation_is_not():
     torch.manual_seed(0)
     model = Tagger().double()
     wrapped = build(model, sample([4, 10, 7]))
-    assert_trains_as_eager(wrapped, model, sample([10, 7, 4], seed=1))
-    assert wrapped.recaptures == 0
-    assert_trains_as_eager(wrapped, model, sample([9, 3, 6], seed=2))
-    assert wrapped.recaptures == 1
+    assert_reuses_then_recaptures(wrapped, model, sample([10, 7, 4], seed=1),
+                                  sample([9, 3, 6], seed=2))
 
 
 class PacksByHand(nn.Module):

@@ -65,7 +65,17 @@ def assert_trains_as_eager(wrapped: nn.Module, model: nn.Module, sample: dict | 
         torch.testing.assert_close(ours[name], p.grad, rtol=1e-10, atol=1e-14, msg=name)
 
 
-def build(model: nn.Module, sample: dict, budget: float = 0.8) -> hiremate.HRockmate:
+def assert_reuses_then_recaptures(wrapped: hiremate.HRockmate, model: nn.Module,
+                                  same: dict | tuple, other: dict | tuple) -> None:
+    """``same`` (inputs whose guarded values are the sample's) runs on the wrapper's program,
+    ``other`` is captured again; each trains as eager."""
+    assert_trains_as_eager(wrapped, model, same)
+    assert wrapped.recaptures == 0
+    assert_trains_as_eager(wrapped, model, other)
+    assert wrapped.recaptures == 1
+
+
+def build(model: nn.Module, sample: dict | tuple, budget: float = 0.8) -> hiremate.HRockmate:
     return hiremate.HRockmate(model, sample, budget, n_jobs=1, cache=False, progress=False)
 
 
@@ -87,10 +97,8 @@ def test_lengths_that_keep_the_longest_target_run_on_the_same_program():
     torch.manual_seed(0)
     model = CtcModel().double()
     wrapped = build(model, batch([5, 4, 3]))
-    assert_trains_as_eager(wrapped, model, batch([2, 5, 1], seed=1))
-    assert wrapped.recaptures == 0
-    assert_trains_as_eager(wrapped, model, batch([4, 4, 3], seed=2))
-    assert wrapped.recaptures == 1
+    assert_reuses_then_recaptures(wrapped, model, batch([2, 5, 1], seed=1),
+                                  batch([4, 4, 3], seed=2))
 
 
 def test_the_capture_leaves_torch_without_its_fake_kernels():
@@ -131,23 +139,10 @@ def test_a_selection_by_an_input_mask_trains_as_eager_and_guards_its_count():
     torch.manual_seed(0)
     model = SelectsLabels().double()
     x, labels = labelled([[1, 2, -100], [3, -100, -100]])
-    wrapped = hiremate.HRockmate(model, (x, labels), 1.0, n_jobs=1, cache=False,
-                                 progress=False)
-    for pattern, recaptures in (([[1, 2, -100], [3, -100, -100]], 0),
-                                ([[-100, 2, -100], [3, 4, -100]], 0),
-                                ([[1, 2, 5], [3, -100, -100]], 1)):
-        x, labels = labelled(pattern, seed=recaptures + 1)
-        model.zero_grad(set_to_none=True)
-        loss = wrapped(x, labels)
-        loss.backward()
-        ours = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad(set_to_none=True)
-        eager = model(x, labels)
-        eager.backward()
-        torch.testing.assert_close(loss, eager, rtol=1e-12, atol=0)
-        for a, b in zip(ours, [p.grad for p in model.parameters()]):
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
-        assert wrapped.recaptures == recaptures
+    wrapped = build(model, (x, labels), 1.0)
+    assert_trains_as_eager(wrapped, model, (x, labels))
+    assert_reuses_then_recaptures(wrapped, model, labelled([[-100, 2, -100], [3, 4, -100]], 1),
+                                  labelled([[1, 2, 5], [3, -100, -100]], 2))
 
 
 class SelectsActivations(nn.Module):
