@@ -108,6 +108,14 @@ def choose_backend(milp: Milp, relax: bool = False) -> str:
                       "(pip install highspy), pulp, or ortools")
 
 
+def backend_and_work(milp: Milp, backend: str = "auto", work_limit: float | None = None,
+                     relax: bool = False) -> tuple[str, float]:
+    """The backend that runs ``milp`` (``"auto"``: :func:`choose_backend`) and its work limit
+    in that backend's unit (``None``: its :data:`DEFAULT_WORK`)."""
+    name = choose_backend(milp, relax) if backend == "auto" else backend
+    return name, (DEFAULT_WORK[name] if work_limit is None else work_limit)
+
+
 def solve_milp(
     milp: Milp,
     backend: str = "highs",
@@ -130,12 +138,11 @@ def solve_milp(
     runs, and a :class:`SolverError` says so when its package is not installed."""
     if backend not in BACKENDS:
         raise SolverError(f"unknown H-ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    name = choose_backend(milp, relax) if backend == "auto" else backend
+    name, work = backend_and_work(milp, backend, work_limit, relax)
     module, how = _PACKAGES[name]
     if not installed(name):
         raise SolverError(f"H-ILP backend {name!r} needs the package {module!r}, which is not "
                           f"installed ({how})")
-    work = DEFAULT_WORK[name] if work_limit is None else work_limit
     if not work > 0:
         raise SolverError(f"H-ILP work_limit must be positive, not {work_limit!r}")
     try:

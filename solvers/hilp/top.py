@@ -30,9 +30,7 @@ from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import SimulationResult, simulate
 from hiremate.units import fmt_bytes
 
-from hiremate.solvers.hilp.backends import (
-    DEFAULT_WORK, SAFETY_TIME, choose_backend, solve_milp,
-)
+from hiremate.solvers.hilp.backends import SAFETY_TIME, backend_and_work, solve_milp
 from hiremate.solvers.hilp.hier import (
     HierModel, TopGraph, build_hier_model, carry_solution, lowest_budget_met, solution_sequence,
     top_graph,
@@ -173,9 +171,10 @@ class HilpTop:
         objective = lambda x: float(hm.milp.c @ x)  # noqa: E731
         hint = min(starts, key=objective) if starts else None
         if hint is None and self.cold_share < 1:
-            res = from_cold(lambda x, w: self._milp(hm.milp, x, w),
-                            self._work(hm.milp, work_limit),
-                            self._backend(hm.milp) != "cpsat", self.cold_share)
+            backend, work = backend_and_work(
+                hm.milp, self.backend, self.work_limit if work_limit is None else work_limit)
+            res = from_cold(lambda x, w: self._milp(hm.milp, x, w), float(work),
+                            backend != "cpsat", self.cold_share)
         else:
             res = self._milp(hm.milp, hint, work_limit)
         floors = [] if hint is None else [hint]
@@ -202,14 +201,6 @@ class HilpTop:
                  fmt_bytes(sim.peak) if sim.valid else sim.error, secs, hm.stats)
         return TopSolution(abstract, res.status, res.objective, res.bound, secs, seq, steps, sim,
                            hm, res.x)
-
-    def _backend(self, milp) -> str:
-        return choose_backend(milp) if self.backend == "auto" else self.backend
-
-    def _work(self, milp, work_limit: float | None) -> float:
-        """A top-level MILP's work limit: ``work_limit``, else the solver's, else the default."""
-        chosen = self.work_limit if work_limit is None else work_limit
-        return DEFAULT_WORK[self._backend(milp)] if chosen is None else float(chosen)
 
     def _milp(self, milp, hint=None, work_limit: float | None = None):
         """One top-level MILP with this solver's backend and limits (``work_limit``: this
