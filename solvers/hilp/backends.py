@@ -49,7 +49,6 @@ _PACKAGES = {"highs": ("highspy", "pip install highspy"),
              "cpsat": ("ortools", "pip install ortools"),
              "pulp": ("pulp", "pip install pulp")}
 
-
 #: the work limit each backend stops at when none is given, in that backend's own unit:
 #: HiGHS: branch-and-bound nodes (``mip_max_nodes``; the root node's work, LP, cuts and
 #: heuristics, is bounded by HiGHS's own effort settings, which count LP iterations);
@@ -108,10 +107,9 @@ def choose_backend(milp: Milp, relax: bool = False) -> str:
                       "(pip install highspy), pulp, or ortools")
 
 
-def backend_and_work(milp: Milp, backend: str = "auto", work_limit: float | None = None,
+def backend_and_work(milp: Milp, backend: str, work_limit: float | None,
                      relax: bool = False) -> tuple[str, float]:
-    """The backend that runs ``milp`` (``"auto"``: :func:`choose_backend`) and its work limit
-    in that backend's unit (``None``: its :data:`DEFAULT_WORK`)."""
+    """The backend that runs ``milp`` (:func:`choose_backend`) and its work limit or default."""
     name = choose_backend(milp, relax) if backend == "auto" else backend
     return name, (DEFAULT_WORK[name] if work_limit is None else work_limit)
 
