@@ -352,6 +352,8 @@ def public_binding(target: str, overload: Any) -> Callable | None:
         # the bindings parse an index list as tensors only, where the op takes None for the
         # dimensions it does not index (``x[:, idx]``, and index_put in its backward)
         return None
+    if any(_default_may_read_as_zero(a) for a in schema.arguments):
+        return None
     for module in _PUBLIC_MODULES:
         fn = getattr(module, name, None)
         if fn is not None:
@@ -360,6 +362,20 @@ def public_binding(target: str, overload: Any) -> Callable | None:
             and isinstance(schema.arguments[0].type, torch.TensorType)):
         return getattr(torch._C.TensorBase, name, None)  # a method: self comes first
     return None
+
+
+def _default_may_read_as_zero(arg: Any) -> bool:
+    """Whether a call that leaves ``arg`` out gets another value from the public binding than
+    from the op. A traced call leaves out the arguments at their schema default, and the
+    bindings parse an integer default from its C++ text, so a default written as an enum reads
+    as 0: ``torch._C._nn.mse_loss(a, b)`` returns the elementwise loss where
+    ``aten.mse_loss.default(a, b)`` returns its mean. The schema gives the value, not its text;
+    the one integer default ATen writes as an enum is the losses' ``reduction=Mean``
+    (``tests/test_executor_defaults.py`` checks that against torch's operator table). Filling
+    the default in instead can make a binding pick another overload: ``add(x, 2, 1)`` parses
+    as the deprecated ``add(input, alpha, other)``."""
+    return (arg.name == "reduction" and not arg.kwarg_only and arg.has_default_value()
+            and str(arg.type) == "int")
 
 
 def _namespace() -> dict[str, Any]:
