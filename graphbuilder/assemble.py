@@ -26,10 +26,12 @@ class _Ctx:
     costs: dict[str, OpCost]
 
 
-def _value_size(node: torch.fx.Node) -> int:
+def _value_size(node: torch.fx.Node, costs: dict[str, OpCost] | None = None) -> int:
     """Bytes of the storage that ``node``'s value owns: its fake storage where that is larger
     than its elements (the functional ``copy`` of a slice clones the slice's whole base, as
-    eager does: FNO's rfft backward allocated 32 KiB where 16.5 KiB were counted)."""
+    eager does: FNO's rfft backward allocated 32 KiB where 16.5 KiB were counted), and the
+    storage the real run's value holds where that is larger still (``OpCost.stored``: a
+    kernel that keeps more than its result, CPU ``col2im``)."""
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         dense = int(val.numel()) * val.element_size()
@@ -37,7 +39,8 @@ def _value_size(node: torch.fx.Node) -> int:
             stored = int(val.untyped_storage().nbytes())
         except (RuntimeError, NotImplementedError, TypeError):  # no storage (sparse, symbolic)
             stored = 0
-        return max(dense, stored)
+        real = costs[node.name].stored if costs is not None and node.name in costs else 0
+        return max(dense, stored, real)
     return 0
 
 
@@ -190,7 +193,7 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
             data_id[o] = len(data)
             data.append(DataNode(
                 len(data), o, kind, tuple(int(s) for s in val.shape),
-                str(val.dtype).removeprefix("torch."), _value_size(node), node_id[gi],
+                str(val.dtype).removeprefix("torch."), _value_size(node, costs), node_id[gi],
                 tuple(sorted(aliases.get(o, ()))),
             ))
 
@@ -320,7 +323,7 @@ def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner) 
             o = owner.get(r, r)
             if o in internal:
                 last_use[o] = i
-    sizes = {op.name: _value_size(op) for op in ordered}
+    sizes = {op.name: _value_size(op, costs) for op in ordered}
     ext_total = sum(sizes.get(o, 0) for o in allocs if o in external)
     # an op returning several tensors (native_batch_norm, split) allocates them itself; the
     # getitems that name them come after it, so their bytes are counted at the op, where its

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+import torch.nn.functional as F
 from torch import nn
 
 import hiremate
@@ -127,6 +128,20 @@ class Gather(nn.Module):
         return torch.tanh(h)
 
 
+class Fold(nn.Module):
+    """Patches mixed by a linear layer and folded back (``F.unfold``, ``F.fold``): CPU
+    ``col2im`` allocates its output like its input and shrinks it, keeping the storage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Linear(18, 18)
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        patches = self.mix(F.unfold(x, 3, padding=1).transpose(1, 2)).transpose(1, 2)
+        return torch.tanh(self.conv(F.fold(patches, x.shape[-2:], 3, padding=1)))
+
+
 def small_gpt2(dtype: torch.dtype = torch.float64) -> tuple[nn.Module, dict]:
     import transformers
 
@@ -167,6 +182,8 @@ def get_model(name: str, dtype: torch.dtype = torch.float64) -> tuple[nn.Module,
         }
     if name == "gather":
         return _seeded(Gather, dtype), (torch.randn(4, 8, generator=gen, dtype=dtype),)
+    if name == "fold":
+        return _seeded(Fold, dtype), (torch.randn(2, 2, 8, 8, generator=gen, dtype=dtype),)
     if name == "spectral":
         return _seeded(Spectral, dtype), (torch.randn(2, 4, 256, generator=gen, dtype=dtype),)
     if name == "small_gpt2":

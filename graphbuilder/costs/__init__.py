@@ -31,7 +31,7 @@ import torch.utils._pytree as pytree
 
 from hiremate.errors import ConfigError
 from hiremate.graphbuilder.costs.analytic import fixed_machine_time, flops_of
-from hiremate.graphbuilder.costs.memory import run_and_trace_memory
+from hiremate.graphbuilder.costs.memory import owned_storage_bytes, run_and_trace_memory
 from hiremate.graphbuilder.costs.roofline import load_or_fit
 from hiremate.graphbuilder.costs.timing import in_situ_overhead, time_nodes
 
@@ -45,6 +45,7 @@ class OpCost:
     temp: int          # bytes allocated and freed inside the op
     flops: float
     in_situ: float = 0.0  # seconds of ``time`` that are the in-situ share (``measured`` only)
+    stored: int = 0    # bytes of the storage the op's value owns in a real run (0: none new)
 
 
 def check_cost_model(cost_model: Any) -> str:
@@ -90,6 +91,7 @@ def op_costs(gm: torch.fx.GraphModule, inputs: list[Any], cost_model: str = "aut
             per_op = in_situ_overhead(gm, inputs, nodes, times, device)
             shares = {k: per_op if t > 0 else 0.0 for k, t in times.items()}
             times = {k: t + shares[k] for k, t in times.items()}
+    stored = owned_storage_bytes(gm, env)
     del env
     if name == "flops":
         times = {n.name: fixed_machine_time(n, flops[n.name]) for n in nodes}
@@ -101,7 +103,8 @@ def op_costs(gm: torch.fx.GraphModule, inputs: list[Any], cost_model: str = "aut
         times = {n.name: fit.time(n, flops[n.name]) for n in nodes}
     return {n.name: OpCost(times.get(n.name, 0.0) if n.target is not operator.getitem else 0.0,
                            temps.get(n.name, 0), flops[n.name],
-                           shares.get(n.name, 0.0) if n.target is not operator.getitem else 0.0)
+                           shares.get(n.name, 0.0) if n.target is not operator.getitem else 0.0,
+                           stored.get(n.name, 0))
             for n in nodes}
 
 

@@ -55,6 +55,38 @@ def run_and_trace_memory(gm: torch.fx.GraphModule, inputs: list[Any], device: to
     return env, _cpu_temps(calls, env, wanted)
 
 
+def owned_storage_bytes(gm: torch.fx.GraphModule, env: dict[str, Any]) -> dict[str, int]:
+    """Bytes of the storage each op's value is the first to hold, from the run that kept every
+    value alive (so no address is reused), by node name; views and values that share an
+    earlier storage are left out. Why: a kernel can allocate more than its output's elements
+    and keep it. CPU ``col2im`` (``F.fold``) allocates its output like its input and shrinks
+    it with ``resize_``, which keeps the storage: 18 KiB held for a 2 KiB result, where fake
+    tensors show the 2 KiB."""
+    seen: set[int] = set()
+    owned: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        value = env.get(node.name)
+        for t in pytree.tree_leaves(value) if node.op != "call_function" else ():
+            if isinstance(t, torch.Tensor):
+                seen.add(_storage(t)[0])
+        if node.op != "call_function" or not isinstance(value, torch.Tensor):
+            continue
+        address, nbytes = _storage(value)
+        if address and address not in seen:
+            seen.add(address)
+            owned[node.name] = nbytes
+    return owned
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    """Address and bytes of ``t``'s storage ((0, 0) for a tensor without one)."""
+    try:
+        storage = t.untyped_storage()
+        return int(storage.data_ptr()), int(storage.nbytes())
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, symbolic
+        return 0, 0
+
+
 def _grad_addresses(env: dict[str, Any], param_grads: set[str]) -> set[int]:
     return {t.untyped_storage().data_ptr() for name in param_grads
             for t in pytree.tree_leaves(env.get(name)) if isinstance(t, torch.Tensor)}
