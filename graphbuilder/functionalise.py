@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 #: key in ``node.meta["custom"]`` naming the op of the traced graph a re-traced op comes from
 #: (``custom`` is one of the fields that fx copies onto the nodes a re-trace creates)
 _SOURCE = "hiremate_source"
+#: key in ``node.meta`` naming the writer that a clone made by :func:`clone_hidden_writes` is
+#: for; the grouping puts a writer and its clones in one node
+WRITE_COPY = "hiremate_write_copy"
 
 
 def needs_functionalising(gm: torch.fx.GraphModule) -> bool:
@@ -53,6 +56,7 @@ def functionalise(gm: torch.fx.GraphModule, last_forward: str,
     them move into the forward. Returns ``gm`` unchanged when nothing writes in place.
     """
     if not needs_functionalising(gm):
+        clone_hidden_writes(gm)
         return gm, last_forward
     _fills_in_memory_order(gm)
     forward_names: set[str] = set()
@@ -84,12 +88,49 @@ def functionalise(gm: torch.fx.GraphModule, last_forward: str,
         raise GraphCaptureError("functionalising the traced graph lost its forward ops; "
                                 "please report this model")
     new_last = _move_buffer_writes(new, forward[-1], buffers)
+    clone_hidden_writes(new)
     new.graph.lint()
     new.recompile()
     n_before = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     n_after = sum(1 for n in new.graph.nodes if n.op == "call_function")
     log.info("functionalised the traced graph: %d ops -> %d ops", n_before, n_after)
     return new, new_last.name
+
+
+def clone_hidden_writes(gm: torch.fx.GraphModule) -> None:
+    """Give each write that functionalisation leaves into a value of the program a clone of its
+    own to write into, which the value's later readers read instead.
+
+    Why: ``native_batch_norm`` writes its running statistics in place without its schema
+    saying so, so functionalisation keeps the write. BatchNorm passes the buffers, a write the
+    executor replays once per call; ``instance_norm`` passes repeats of them, values that
+    another node of the graph makes, and a node that overwrites another's value cannot be
+    recomputed (a rerun would read the overwritten version). With the clone in the writer's
+    node, the value read before the write and the one read after are two values."""
+    from hiremate.graphbuilder.opinfo import op_kind
+
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    changed = False
+    for writer in list(gm.graph.nodes):
+        if writer.op != "call_function" or not isinstance(writer.target, torch._ops.OpOverload):
+            continue
+        for index in op_kind(writer.target).writes:
+            value = writer.args[index] if index < len(writer.args) else None
+            if not isinstance(value, torch.fx.Node) or value.op != "call_function":
+                continue
+            with gm.graph.inserting_before(writer):
+                copy = gm.graph.call_function(torch.ops.aten.clone.default, (value,))
+            copy.meta = {k: v for k, v in writer.meta.items() if k != "val"}
+            copy.meta["val"] = value.meta["val"].clone()
+            copy.meta[WRITE_COPY] = writer.name
+            for reader in list(value.users):
+                later = reader is not copy and order.get(reader, -1) > order[writer]
+                if reader is writer or later:
+                    reader.replace_input_with(value, copy)
+            changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
 
 
 def _fills_in_memory_order(gm: torch.fx.GraphModule) -> None:

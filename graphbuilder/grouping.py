@@ -31,6 +31,7 @@ import torch.fx
 from hiremate.errors import GraphCaptureError
 from hiremate.ir.graph import DataKind, NodeKind, Op
 from hiremate.graphbuilder.capture import JointCapture
+from hiremate.graphbuilder.functionalise import WRITE_COPY
 from hiremate.graphbuilder.opinfo import LIKE_FACTORIES, op_kind, schema_name
 
 
@@ -100,6 +101,7 @@ def group_joint(cap: JointCapture) -> Grouping:
     group_of_node: dict[str, Group] = {}
     fwd_group_of_seq: dict[int, Group] = {}
     bwd_current: dict[Any, Group] = {}
+    write_groups: dict[str, Group] = {}  # a writer with clones to write into: their node
     origins = GradientOrigins(fwd, producer, readers)
     phase = NodeKind.FWD
     n_fwd_ops = 0
@@ -189,8 +191,13 @@ def group_joint(cap: JointCapture) -> Grouping:
             g.ops.append(node)
             group_of_node[node.name] = g
         else:
-            g = _open_group(node, phase, seq, fwd_group_of_seq, bwd_current, new_group,
-                            read_owners, group_rank, producer, origins)
+            # a write's clones (functionalise.clone_hidden_writes) and the writer: one node
+            writer = node.meta.get(WRITE_COPY, node.name)
+            g = write_groups.get(writer) or _open_group(
+                node, phase, seq, fwd_group_of_seq, bwd_current, new_group, read_owners,
+                group_rank, producer, origins)
+            if WRITE_COPY in node.meta:
+                write_groups[writer] = g
             for i in kind.writes:
                 arg = node.args[i] if i < len(node.args) else None
                 if isinstance(arg, torch.fx.Node):
