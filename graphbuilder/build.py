@@ -14,6 +14,8 @@ from hiremate.ir.graph import Graph
 from hiremate.graphbuilder.assemble import assemble
 from hiremate.graphbuilder.capture import capture, capturing, normalise_sample
 from hiremate.graphbuilder.costs import check_cost_model, op_costs, resolve_cost_model
+from hiremate.graphbuilder.costs.memory import ViewsNeedCopies
+from hiremate.graphbuilder.functionalise import copy_before_views
 from hiremate.graphbuilder.grouping import group_joint
 from hiremate.graphbuilder.guards import guard_to_dict
 
@@ -43,13 +45,14 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     with capturing():
         cap = capture(model, sample, output_gradients)
     t_capture = time.perf_counter() - start
-    grouping = _grouped(cap, model)
     device = _device(model, sample)
-    # the program's ops carry the casts of an autocast active at capture: measured as recorded
-    with torch.autocast(device.type, enabled=False):
-        costs = op_costs(cap.gm, _real_inputs(model, sample, cap), cost_model, repeats,
-                         cache_dir=cache_dir,
-                         param_grads=[g for g in grouping.grads[:len(cap.param_names)] if g])
+    try:
+        grouping, costs = _grouped_and_costed(cap, model, sample, device, cost_model, repeats,
+                                              cache_dir)
+    except ViewsNeedCopies as relaid:  # the real run's layouts: those views copy, once
+        copy_before_views(cap.gm, relaid.names)
+        grouping, costs = _grouped_and_costed(cap, model, sample, device, cost_model, repeats,
+                                              cache_dir)
     meta = {
         "model": type(model).__name__,
         "capture_path": cap.path,
@@ -88,6 +91,18 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     graph = assemble(cap, grouping, costs, meta)
     log.info("built %r in %.2fs (capture %.2fs)", graph, time.perf_counter() - start, t_capture)
     return graph
+
+
+def _grouped_and_costed(cap: Any, model: torch.nn.Module, sample: Any, device: torch.device,
+                        cost_model: str, repeats: int, cache_dir: str | None) -> tuple[Any, Any]:
+    """The grouping of ``cap``'s program and its ops' costs (one real run)."""
+    grouping = _grouped(cap, model)
+    # the program's ops carry the casts of an autocast active at capture: measured as recorded
+    with torch.autocast(device.type, enabled=False):
+        costs = op_costs(cap.gm, _real_inputs(model, sample, cap), cost_model, repeats,
+                         cache_dir=cache_dir,
+                         param_grads=[g for g in grouping.grads[:len(cap.param_names)] if g])
+    return grouping, costs
 
 
 def input_constants(sample: Any) -> list[list[Any]]:

@@ -133,6 +133,32 @@ def clone_hidden_writes(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
+def copy_before_views(gm: torch.fx.GraphModule, names: list[str]) -> None:
+    """Make each ``view`` op of ``gm`` named in ``names`` copy first, as eager's ``reshape``
+    does for an input it cannot view: ``clone`` to contiguous, then ``_unsafe_view`` (the pair
+    that a trace records for such a reshape). Why: the trace took those views on fake tensors
+    laid out otherwise than the real kernels lay them out
+    (:class:`~hiremate.graphbuilder.costs.memory.ViewsNeedCopies`)."""
+    wanted = set(names)
+    for view in list(gm.graph.nodes):
+        if view.name not in wanted:
+            continue
+        source, shape = view.args[0], view.args[1]
+        with gm.graph.inserting_before(view):
+            copy = gm.graph.call_function(torch.ops.aten.clone.default, (source,),
+                                          {"memory_format": torch.contiguous_format})
+            copy.meta = {k: v for k, v in view.meta.items() if k != "val"}
+            copy.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
+            flat = gm.graph.call_function(torch.ops.aten._unsafe_view.default, (copy, shape))
+            flat.meta = dict(view.meta)
+        view.replace_all_uses_with(flat)
+        gm.graph.erase_node(view)
+    gm.graph.lint()
+    gm.recompile()
+    log.info("capture: %d views copy first, as eager's reshape does for their inputs: %s",
+             len(wanted), ", ".join(sorted(wanted)))
+
+
 def _fills_in_memory_order(gm: torch.fx.GraphModule) -> None:
     """Put every in-place random fill of a permuted tensor onto the tensor's view whose
     dimensions are in memory order.

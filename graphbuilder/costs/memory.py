@@ -17,6 +17,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from hiremate.cuda_trace import device_trace, events_from_cuda_trace, record_cuda_history
+from hiremate.errors import GraphCaptureError
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,41 @@ def run_and_trace_memory(gm: torch.fx.GraphModule, inputs: list[Any], device: to
             env[node.name] = getattr(gm, node.target)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     wanted = set(param_grads)
+    relaid: list[str] = []
     if device.type == "cuda":
-        return env, _cuda_temps(calls, env, device, wanted)
-    return env, _cpu_temps(calls, env, wanted)
+        temps = _cuda_temps(calls, env, device, wanted, relaid)
+    else:
+        temps = _cpu_temps(calls, env, wanted, relaid)
+    if relaid:
+        raise ViewsNeedCopies(relaid)
+    return env, temps
+
+
+class ViewsNeedCopies(GraphCaptureError):
+    """``view`` ops of the traced program that the real run could not take: the fake tensors
+    laid their input out otherwise than the kernel did (CPU ``native_batch_norm`` returns a
+    contiguous result for a transposed input, its fake one keeps the input's strides), so the
+    ``reshape`` that traced as a view copies in eager. ``names``: those ops, all of the run
+    (each was taken as eager's ``reshape`` to go on)."""
+
+    def __init__(self, names: list[str]):
+        super().__init__(f"the traced views {', '.join(names)} cannot be taken on the real "
+                         "run's values, even after copying their inputs; please report this "
+                         "model")
+        self.names = names
+
+
+def run_node(node: torch.fx.Node, args: tuple, kwargs: dict, relaid: list[str]) -> Any:
+    """``node``'s op on real values; a ``view`` whose input the kernel laid out so that it
+    cannot be viewed is noted in ``relaid`` and taken as ``reshape`` takes it (a copy)."""
+    try:
+        return node.target(*args, **kwargs)
+    except RuntimeError:
+        if node.target is not torch.ops.aten.view.default or not isinstance(args[0],
+                                                                            torch.Tensor):
+            raise
+        relaid.append(node.name)
+        return args[0].reshape(*args[1:], **kwargs)
 
 
 def owned_storage_bytes(gm: torch.fx.GraphModule, env: dict[str, Any]) -> dict[str, int]:
@@ -93,7 +126,7 @@ def _grad_addresses(env: dict[str, Any], param_grads: set[str]) -> set[int]:
 
 
 def _cuda_temps(calls: list[torch.fx.Node], env: dict[str, Any], device: torch.device,
-                param_grads: set[str]) -> dict[str, int]:
+                param_grads: set[str], relaid: list[str]) -> dict[str, int]:
     """Each op's scratch from the allocator's history (which blocks, in order), so that a
     parameter gradient's block is left out wherever it falls; from its peak statistics where
     the history is unavailable."""
@@ -107,14 +140,14 @@ def _cuda_temps(calls: list[torch.fx.Node], env: dict[str, Any], device: torch.d
         log.info("capture: CUDA memory history unavailable (%s)", exc)
     if not cleared:  # each op's trace must start empty
         log.info("capture: per-op CUDA memory history unavailable; scratch from peak statistics")
-        return _cuda_temps_from_statistics(calls, env, device, param_grads)
+        return _cuda_temps_from_statistics(calls, env, device, param_grads, relaid)
     per_node: list[tuple[str, list[tuple[int, int]]]] = []
     for node in calls:
         args, kwargs = node_args(node, env)
         torch.cuda.synchronize(device)
         record_cuda_history(device, True)
         try:
-            env[node.name] = node.target(*args, **kwargs)
+            env[node.name] = run_node(node, args, kwargs, relaid)
             torch.cuda.synchronize(device)
             trace = device_trace(device)
         finally:
@@ -124,14 +157,15 @@ def _cuda_temps(calls: list[torch.fx.Node], env: dict[str, Any], device: torch.d
 
 
 def _cuda_temps_from_statistics(calls: list[torch.fx.Node], env: dict[str, Any],
-                                device: torch.device, param_grads: set[str]) -> dict[str, int]:
+                                device: torch.device, param_grads: set[str], relaid: list[str]
+                                ) -> dict[str, int]:
     stats: dict[str, tuple[int, int]] = {}
     for node in calls:
         args, kwargs = node_args(node, env)
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        env[node.name] = node.target(*args, **kwargs)
+        env[node.name] = run_node(node, args, kwargs, relaid)
         torch.cuda.synchronize(device)
         stats[node.name] = (torch.cuda.max_memory_allocated(device) - before,
                             torch.cuda.memory_allocated(device) - before)
@@ -158,8 +192,8 @@ def walk_events(events: Iterable[Any]) -> Iterator[Any]:
         stack.extend(list(event.children)[::-1])
 
 
-def _cpu_temps(calls: list[torch.fx.Node], env: dict[str, Any], param_grads: set[str]
-               ) -> dict[str, int]:
+def _cpu_temps(calls: list[torch.fx.Node], env: dict[str, Any], param_grads: set[str],
+               relaid: list[str]) -> dict[str, int]:
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -171,7 +205,7 @@ def _cpu_temps(calls: list[torch.fx.Node], env: dict[str, Any], param_grads: set
         for node in calls:
             args, kwargs = node_args(node, env)
             with record_function(f"hrm::{node.name}"):
-                env[node.name] = node.target(*args, **kwargs)
+                env[node.name] = run_node(node, args, kwargs, relaid)
     tops = [e for e in walk_events(prof.profiler.kineto_results.experimental_event_tree())
             if e.tag == _EventType.TorchOp and e.name.startswith("hrm::")]
     per_node: list[tuple[str, list[Any]]] = [
