@@ -26,6 +26,7 @@ import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from hiremate.errors import GraphCaptureError
+from hiremate.graphbuilder.opinfo import op_kind
 from hiremate.graphbuilder.traceable import ReplayInterpreter
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,6 @@ def clone_hidden_writes(gm: torch.fx.GraphModule) -> None:
     another node of the graph makes, and a node that overwrites another's value cannot be
     recomputed (a rerun would read the overwritten version). With the clone in the writer's
     node, the value read before the write and the one read after are two values."""
-    from hiremate.graphbuilder.opinfo import op_kind
-
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     changed = False
     for writer in list(gm.graph.nodes):
@@ -116,8 +115,8 @@ def clone_hidden_writes(gm: torch.fx.GraphModule) -> None:
             continue
         for index in op_kind(writer.target).writes:
             value = writer.args[index] if index < len(writer.args) else None
-            if not isinstance(value, torch.fx.Node) or value.op != "call_function":
-                continue
+            if not isinstance(value, torch.fx.Node) or _storage_root(value).op != "call_function":
+                continue  # a buffer (or a view of one): a write the executor replays per call
             with gm.graph.inserting_before(writer):
                 copy = gm.graph.call_function(torch.ops.aten.clone.default, (value,))
             copy.meta = {k: v for k, v in writer.meta.items() if k != "val"}
@@ -131,6 +130,17 @@ def clone_hidden_writes(gm: torch.fx.GraphModule) -> None:
     if changed:
         gm.graph.lint()
         gm.recompile()
+
+
+def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node that holds ``node``'s storage: ``node`` up its chain of views."""
+    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        base = op_kind(node.target).view_of
+        if base is None or base >= len(node.args) or not isinstance(node.args[base],
+                                                                      torch.fx.Node):
+            break
+        node = node.args[base]
+    return node
 
 
 def copy_before_views(gm: torch.fx.GraphModule, names: list[str]) -> None:
