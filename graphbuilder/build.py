@@ -149,6 +149,7 @@ def _grouped(cap: Any, model: torch.nn.Module) -> Any:
     """:func:`group_joint` of the captured program. An error that is not hiremate's own comes
     from a traced construct the grouping does not handle: the user gets a capture error that
     says so (the original kept as its cause), not a bare ``KeyError``."""
+    _check_parameters_are_inputs(cap, model)
     try:
         return group_joint(cap)
     except HiremateError:
@@ -158,6 +159,31 @@ def _grouped(cap: Any, model: torch.nn.Module) -> Any:
             f"hiremate traced {type(model).__name__} but could not group its program into "
             f"compute nodes ({type(exc).__name__}: {exc}); this is a hiremate bug: please "
             "report this model (the cause is chained below)") from exc
+
+
+def _check_parameters_are_inputs(cap: Any, model: torch.nn.Module) -> None:
+    """Refuse a program that reads a trainable parameter as a constant of its own.
+
+    Why: the capture passes every parameter into the traced program, so a parameter the trace
+    met any other way was used where the capture could not see it as the model's: inside a
+    custom ``torch.autograd.Function`` whose backward runs the layer again and differentiates
+    it by hand (Reformer's reversible layers, which also run their forward under
+    ``no_grad``). Its gradient would then be lost (before, a bare ``KeyError`` in the
+    grouping)."""
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    found = set()
+    for node in cap.gm.graph.nodes:
+        value = getattr(cap.gm, node.target, None) if node.op == "get_attr" else None
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            found.add(names.get(id(value), f"a tensor that needs a gradient ({node.target})"))
+    if found:
+        shown = ", ".join(sorted(found)[:3]) + (", ..." if len(found) > 3 else "")
+        raise GraphCaptureError(
+            f"{type(model).__name__} uses {len(found)} trainable parameters where the capture "
+            f"cannot see them as its inputs ({shown}): typically inside a custom "
+            "torch.autograd.Function that recomputes a layer in its own backward (Reformer's "
+            "reversible layers), whose gradients hiremate cannot capture. Pass such tensors "
+            "to the Function as arguments, or wrap a model without it")
 
 
 def _check_devices(model: torch.nn.Module, sample: Any) -> None:

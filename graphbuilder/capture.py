@@ -346,6 +346,51 @@ def plain_checkpoints(model_name: str, announce: bool = True) -> Iterator[None]:
                          "wraps (hiremate's schedule decides what to recompute)", model_name)
 
 
+@contextlib.contextmanager
+def _autograd_inside_backward_refused(model_name: str) -> Iterator[Any]:
+    """While the capture differentiates the model (it calls the ``torch.autograd.grad``
+    yielded), refuse ``torch.autograd.backward`` or ``grad`` called from a custom
+    ``torch.autograd.Function``'s backward: a layer run again and differentiated by hand
+    (Reformer's reversible layers, hand-made reentrant checkpoints). Such a backward adds to
+    the parameters' ``.grad`` as a side effect, which no traced program holds: those gradients
+    were lost without a word. Other calls (torch's own re-dispatch of the capture's call) pass
+    through."""
+    real = {"backward": torch.autograd.backward, "grad": torch.autograd.grad}
+
+    def guarded(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if _inside_custom_backward():
+                raise GraphCaptureError(
+                    f"{model_name} runs autograd inside a backward (torch.autograd.{name} "
+                    "called by a custom torch.autograd.Function's backward: a layer recomputed "
+                    "and differentiated by hand, as reversible layers and hand-made checkpoints "
+                    "do); the gradients it adds to parameters as a side effect cannot be "
+                    "captured. Use torch.utils.checkpoint instead (hiremate captures it as "
+                    "plain code and decides what to recompute), or wrap a model without such a "
+                    "Function")
+            return real[name](*args, **kwargs)
+        return call
+
+    torch.autograd.backward, torch.autograd.grad = guarded("backward"), guarded("grad")
+    try:
+        yield real["grad"]
+    finally:
+        torch.autograd.backward, torch.autograd.grad = real["backward"], real["grad"]
+
+
+def _inside_custom_backward() -> bool:
+    """Whether a caller up the stack is the ``backward(ctx, ...)`` of a Function written
+    outside torch."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        code = frame.f_code
+        if (code.co_name == "backward" and code.co_varnames[:1] == ("ctx",)
+                and not frame.f_globals.get("__name__", "").startswith("torch")):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _distinct(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """``tensors`` as leaves, with every repeat of one tensor object replaced by a copy.
     Tracing turns each input into a fake tensor memoised by identity, so a sample that passes
@@ -435,7 +480,8 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         setup_stacktrace_preservation_hooks(
             [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None])
         wrt = list(p.values()) + [ins[i] for i in wrt_inputs]
-        grads = torch.autograd.grad(roots, wrt, tans, allow_unused=True)
+        with _autograd_inside_backward_refused(type(original).__name__) as grad:
+            grads = grad(roots, wrt, tans, allow_unused=True)
         return flat, list(grads)
 
     # functional_call swaps tensors in and out of the modules; with a submodule registered

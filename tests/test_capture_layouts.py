@@ -1,15 +1,19 @@
-"""What the trace records otherwise than the real kernels run: a write that functionalisation
-leaves (``native_batch_norm``'s running statistics) into a value of the program, and a view
-taken on a fake layout that the real result does not have. Each model trains as eager under
-schedules that recompute."""
+"""Where the traced program and the real one part ways: a write that functionalisation leaves
+(``native_batch_norm``'s running statistics) into a value of the program, a view taken on a
+fake layout that the real result does not have, a custom backward that runs autograd itself,
+a trainable tensor that the trace meets as a constant. Each model trains as eager (under
+schedules that recompute), or is refused by name."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
 from torch import nn
 
 import hiremate
+from hiremate.errors import GraphCaptureError
 from test_capture import _assert_same_training_step
 from test_executor_util import schedules_of
 
@@ -73,3 +77,70 @@ def test_a_view_that_the_real_layout_cannot_take_copies_as_eager_reshape_does(sc
     assert "aten._unsafe_view.default" in targets
     _assert_same_training_step(model, sample, schedule=schedules_of(graph)[schedule],
                                graph=graph)
+
+
+class _Reversible(torch.autograd.Function):
+    """A layer that keeps no activations and recomputes itself in its backward, as Reformer's
+    reversible layers do: the forward runs under no_grad, the backward differentiates the
+    layer again by hand, reaching parameters it was not given."""
+
+    @staticmethod
+    def forward(ctx, x, layer):
+        ctx.layer = layer
+        ctx.save_for_backward(x)
+        return layer(x) + x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            out = ctx.layer(x) + x
+            torch.autograd.backward(out, grad)
+        return x.grad, None
+
+
+class _RecomputesInBackward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre, self.layer, self.head = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.head(_Reversible.apply(self.pre(x), self.layer))
+
+
+def test_a_backward_that_runs_autograd_itself_is_captured_by_export():
+    """The make_fx path traced the Function's backward, whose side-effect gradients no
+    program holds; it now refuses it, naming the cause, and the export path, which traces the
+    Function's forward as plain ops, captures the model: the step equals eager's."""
+    torch.manual_seed(0)
+    model = _RecomputesInBackward()
+    sample = torch.randn(4, 6)
+    graph = hiremate.build_graph(model, sample, cost_model="flops")
+    assert graph.meta["capture_path"] == "export"
+    _assert_same_training_step(model, sample, graph=graph)
+    joint = importlib.import_module("hiremate.graphbuilder.capture")
+    with pytest.raises(GraphCaptureError, match=r"runs autograd inside a backward"):
+        with joint.capturing():
+            joint._trace_joint(model, model, (sample,), {}, "make_fx", "all")
+
+
+class _Unregistered(nn.Module):
+    """A layer kept out of the module tree (``object.__setattr__``): its parameters are not the
+    model's, so the capture meets them as constants of the program."""
+
+    def __init__(self):
+        super().__init__()
+        object.__setattr__(self, "hidden", nn.Linear(6, 6))
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.hidden(x)))
+
+
+def test_a_trainable_tensor_read_as_a_constant_is_refused():
+    """Its gradient would be lost; Reformer's reversible layers read theirs this way too
+    (before, a bare KeyError came out of the grouping)."""
+    with pytest.raises(GraphCaptureError, match=r"trainable parameters where the capture "
+                                                r"cannot see them"):
+        hiremate.build_graph(_Unregistered(), torch.randn(4, 6), cost_model="flops")
