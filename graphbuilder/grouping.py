@@ -160,8 +160,12 @@ def group_joint(cap: JointCapture) -> Grouping:
         kind = op_kind(target)
         seq = node.meta.get("seq_nr")
         val = node.meta.get("val")
-        if kind.view_of is not None or kind.returns_views:
-            # a view, or a list of views (split): joins the node owning the storage
+        viewed = node.args[kind.view_of or 0] if node.args else None
+        if ((kind.view_of is not None or kind.returns_views) and not (
+                isinstance(viewed, torch.fx.Node) and viewed.op == "get_attr")):
+            # a view, or a list of views (split): joins the node owning the storage (a view of
+            # a constant of the program, which no node owns, is an op of its own below, the
+            # constant recorded by value in it: VideoMAE slices its position table)
             base = node.args[kind.view_of or 0]
             base_name = rename.get(base.name, base.name)
             o = owner.get(base_name, base_name)

@@ -460,6 +460,29 @@ def test_tensor_constants_are_recorded_and_measured():
     _assert_same_training_step(model, x, graph=reloaded)
 
 
+class SlicesAConstant(nn.Module):
+    """Slices a tensor kept as a plain attribute, neither parameter nor buffer, as VideoMAE
+    does with its position table (the grouping ended in a KeyError on the constant)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.table = torch.linspace(0, 1, 32).reshape(1, 8, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.a(x) + self.table[:, :x.shape[1]].type_as(x).clone().detach())
+
+
+@pytest.mark.parametrize("schedule", ["autodiff", "keep-none"])
+def test_a_view_of_a_constant_is_recorded_and_trains_as_eager(schedule):
+    from test_executor_util import schedules_of
+
+    torch.manual_seed(0)
+    model, x = SlicesAConstant(), torch.randn(2, 6, 4)
+    graph = hiremate.build_graph(model, x, cost_model="flops")
+    _assert_same_training_step(model, x, schedule=schedules_of(graph)[schedule], graph=graph)
+
+
 class Spectral(nn.Module):
     """A Fourier layer whose weights are one complex parameter, as the reference FNO code
     keeps them (the zoo's FNOs keep real pairs instead)."""
