@@ -379,11 +379,15 @@ def _autograd_inside_backward_refused(model_name: str) -> Iterator[Any]:
 
 
 def _inside_custom_backward() -> bool:
-    """Whether a caller up the stack is the ``backward(ctx, ...)`` of a Function written
-    outside torch."""
+    """Whether a caller up the stack, below the capture's own differentiation (``joint``), is
+    the ``backward(ctx, ...)`` of a Function written outside torch. The frames above ``joint``
+    are not the model's: a capture may itself run inside a backward (the executor's, when a
+    backward through an output the graph gave no gradient builds the module again)."""
     frame = inspect.currentframe()
     while frame is not None:
         code = frame.f_code
+        if code.co_name == "joint" and frame.f_globals.get("__name__") == __name__:
+            return False
         if (code.co_name == "backward" and code.co_varnames[:1] == ("ctx",)
                 and not frame.f_globals.get("__name__", "").startswith("torch")):
             return True
