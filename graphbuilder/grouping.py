@@ -166,7 +166,7 @@ def group_joint(cap: JointCapture) -> Grouping:
             # a view, or a list of views (split): joins the node owning the storage (a view of
             # a constant of the program, which no node owns, is an op of its own below, the
             # constant recorded by value in it: VideoMAE slices its position table)
-            base = node.args[kind.view_of or 0]
+            base = viewed
             base_name = rename.get(base.name, base.name)
             o = owner.get(base_name, base_name)
             if base.name in inline:

@@ -173,6 +173,30 @@ def swin() -> Built:
         logits_sum
 
 
+def patchtst() -> Built:
+    """PatchTST's BatchNorm runs on a transposed input and its result is reshaped: CPU
+    ``native_batch_norm`` lays its result out otherwise than its fake tensor, and the build's
+    real run once failed on the view the trace recorded for that reshape."""
+    tf = _tf()
+    cfg = tf.PatchTSTConfig(num_input_channels=3, context_length=32, patch_length=8,
+                            patch_stride=8, prediction_length=8, d_model=WIDTH,
+                            num_attention_heads=HEADS, num_hidden_layers=LAYERS, ffn_dim=FFN)
+    sample = {"past_values": torch.randn(BATCH, 32, 3, dtype=torch.float64),
+              "future_values": torch.randn(BATCH, 8, 3, dtype=torch.float64)}
+    return tf.PatchTSTForPrediction(cfg), sample, model_loss
+
+
+def videomae() -> Built:
+    """VideoMAE slices its position table, a plain attribute that the trace records as a
+    constant of the program (the grouping once ended in a KeyError on it)."""
+    tf = _tf()
+    cfg = tf.VideoMAEConfig(image_size=IMAGE, patch_size=PATCH, num_frames=4, tubelet_size=2,
+                            hidden_size=WIDTH, num_hidden_layers=LAYERS,
+                            num_attention_heads=HEADS, intermediate_size=FFN)
+    video = torch.randn(BATCH, 4, 3, IMAGE, IMAGE, dtype=torch.float64)
+    return tf.VideoMAEModel(cfg), {"pixel_values": video}, last_hidden_sum
+
+
 def bert_mlm() -> Built:
     return _token_model("BertForMaskedLM", "BertConfig",
                         vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN,
@@ -324,6 +348,9 @@ CASES: list[Case] = [
     _case("vit", vit, "transformers ViTForImageClassification", default_run=True),
     _case("clip_vision", clip_vision, "transformers CLIPVisionModel, loss on last_hidden_state"),
     _case("swin", swin, "transformers SwinForImageClassification (32x32, window 4)"),
+    _case("patchtst", patchtst, "transformers PatchTSTForPrediction, with future values"),
+    _case("videomae", videomae, "transformers VideoMAEModel (4 frames), loss on "
+          "last_hidden_state"),
     _case("wav2vec2", wav2vec2, "transformers Wav2Vec2Model, layerdrop=0, mask_time_prob=0"),
     _case("wav2vec2_ctc", wav2vec2_ctc,
           "transformers Wav2Vec2ForCTC with padded labels (CTC loss)", default_run=True),

@@ -93,8 +93,8 @@ def owned_storage_bytes(gm: torch.fx.GraphModule, env: dict[str, Any]) -> dict[s
     value alive (so no address is reused), by node name; views and values that share an
     earlier storage are left out. Why: a kernel can allocate more than its output's elements
     and keep it. CPU ``col2im`` (``F.fold``) allocates its output like its input and shrinks
-    it with ``resize_``, which keeps the storage: 18 KiB held for a 2 KiB result, where fake
-    tensors show the 2 KiB."""
+    it with ``resize_``, which keeps the storage: the value holds its input's size, where its
+    fake tensor shows the result's."""
     seen: set[int] = set()
     owned: dict[str, int] = {}
     for node in gm.graph.nodes:
