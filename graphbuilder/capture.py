@@ -352,9 +352,11 @@ def _autograd_inside_backward_refused(model_name: str) -> Iterator[Any]:
     yielded), refuse ``torch.autograd.backward`` or ``grad`` called from a custom
     ``torch.autograd.Function``'s backward: a layer run again and differentiated by hand
     (Reformer's reversible layers, hand-made reentrant checkpoints). Such a backward adds to
-    the parameters' ``.grad`` as a side effect, which no traced program holds: those gradients
-    were lost without a word. Other calls (torch's own re-dispatch of the capture's call) pass
-    through."""
+    the parameters' ``.grad`` as a side effect, which no traced program holds, and reads them
+    after the capture has put the real ones back (Reformer's trace then held them as constants,
+    and the build ended in a ``KeyError``). Refused, the make_fx path leaves the model to the
+    export path, which traces the Function's forward as plain ops. Other calls (torch's own
+    re-dispatch of the capture's call) pass through."""
     real = {"backward": torch.autograd.backward, "grad": torch.autograd.grad}
 
     def guarded(name: str) -> Any:

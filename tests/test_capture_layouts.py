@@ -110,9 +110,9 @@ class _RecomputesInBackward(nn.Module):
 
 
 def test_a_backward_that_runs_autograd_itself_is_captured_by_export():
-    """The make_fx path traced the Function's backward, whose side-effect gradients no
-    program holds; it now refuses it, naming the cause, and the export path, which traces the
-    Function's forward as plain ops, captures the model: the step equals eager's."""
+    """The make_fx path cannot hold the gradients such a backward adds as a side effect; it
+    refuses it, naming the cause, and the export path, which traces the Function's forward as
+    plain ops, captures the model: the step equals eager's."""
     torch.manual_seed(0)
     model = _RecomputesInBackward()
     sample = torch.randn(4, 6)
