@@ -94,7 +94,7 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
     args, kwargs = training_call(model, *normalise_sample(sample))
     attempts: dict[str, str] = {}
     with (plain_checkpoints(type(model).__name__), _unvalidated_distributions(model),
-          _tensor_hooks_noted(model), fixed_shape_kernels()):
+          _tensor_hooks_noted(model), _own_conversions_checked(model), fixed_shape_kernels()):
         for path in ("make_fx", "export"):
             try:
                 with _foreign_randomness_check(model):
@@ -186,6 +186,36 @@ def _tensor_hooks_noted(model: torch.nn.Module) -> Iterator[None]:
                     "backward holds what they return, but what else they do (keeping a "
                     "gradient) happened once, while capturing, and does not happen in calls",
                     type(model).__name__)
+
+
+@contextlib.contextmanager
+def _own_conversions_checked(model: torch.nn.Module) -> Iterator[None]:
+    """Let a forward's ``module.to(...)`` that changes nothing pass, and refuse one that would
+    convert the module's own tensors, naming it. Why: Switch Transformers' router calls
+    ``self.classifier.to(float32)`` in every forward; on traced parameters even that no-op
+    failed in torch's ``_apply`` ("Couldn't swap Linear.weight")."""
+    original, names = torch.nn.Module.to, {id(m): n for n, m in model.named_modules()}
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        device, dtype = torch._C._nn._parse_to(*args, **kwargs)[:2]
+        for t in [*self.parameters(), *self.buffers()]:
+            moved = device is not None and (t.device.type != device.type or (
+                device.index is not None and t.device.index != device.index))
+            cast = dtype is not None and t.dtype != dtype and (t.is_floating_point()
+                                                               or t.is_complex())
+            if moved or cast:
+                raise GraphCaptureError(
+                    f"the forward of {type(model).__name__} converts its own submodule "
+                    f"{names.get(id(self), type(self).__name__)!r} to {dtype or device} with "
+                    ".to(...): a traced program cannot change its parameters; convert that "
+                    "submodule so before building the wrapper (then the call changes nothing)")
+        return self
+
+    torch.nn.Module.to = to  # under plain_checkpoints' lock, as above
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original
 
 
 @contextlib.contextmanager

@@ -144,3 +144,32 @@ def test_a_trainable_tensor_read_as_a_constant_is_refused():
     with pytest.raises(GraphCaptureError, match=r"trainable parameters where the capture "
                                                 r"cannot see them"):
         hiremate.build_graph(_Unregistered(), torch.randn(4, 6), cost_model="flops")
+
+
+class _CastsItsRouter(nn.Module):
+    """Casts a submodule in every forward, as Switch Transformers' router does
+    (``self.classifier = self.classifier.to(float32)``): a no-op once the dtype is right."""
+
+    def __init__(self):
+        super().__init__()
+        self.router, self.head = nn.Linear(6, 6), nn.Linear(6, 2)
+
+    def forward(self, x):
+        self.router = self.router.to(torch.float32)
+        return self.head(torch.softmax(self.router(x), -1) * x)
+
+
+def test_a_forward_that_casts_a_submodule_to_its_own_dtype_trains_as_eager():
+    """On traced parameters even that no-op failed in torch ("Couldn't swap Linear.weight")."""
+    torch.manual_seed(0)
+    model, sample = _CastsItsRouter(), torch.randn(4, 6)
+    graph = hiremate.build_graph(model, sample, cost_model="flops")
+    _assert_same_training_step(model, sample, schedule=schedules_of(graph)["keep-none"],
+                               graph=graph)
+
+
+def test_a_forward_that_converts_a_submodule_is_refused_by_name():
+    with pytest.raises(GraphCaptureError, match=r"converts its own submodule 'router' to "
+                                                r"torch\.float32"):
+        hiremate.build_graph(_CastsItsRouter().double(), torch.randn(4, 6, dtype=torch.float64),
+                             cost_model="flops")
