@@ -20,6 +20,7 @@ message naming the op.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.fx
@@ -117,10 +118,8 @@ def clone_hidden_writes(gm: torch.fx.GraphModule) -> None:
             value = writer.args[index] if index < len(writer.args) else None
             if not isinstance(value, torch.fx.Node) or _storage_root(value).op != "call_function":
                 continue  # a buffer (or a view of one): a write the executor replays per call
-            with gm.graph.inserting_before(writer):
-                copy = gm.graph.call_function(torch.ops.aten.clone.default, (value,))
-            copy.meta = {k: v for k, v in writer.meta.items() if k != "val"}
-            copy.meta["val"] = value.meta["val"].clone()
+            copy = _inserted(gm, writer, torch.ops.aten.clone.default, (value,),
+                             val=value.meta["val"].clone())
             copy.meta[WRITE_COPY] = writer.name
             for reader in list(value.users):
                 later = reader is not copy and order.get(reader, -1) > order[writer]
@@ -130,6 +129,18 @@ def clone_hidden_writes(gm: torch.fx.GraphModule) -> None:
     if changed:
         gm.graph.lint()
         gm.recompile()
+
+
+def _inserted(gm: torch.fx.GraphModule, before: torch.fx.Node, target: Any, args: tuple,
+              kwargs: dict | None = None, val: Any = None) -> torch.fx.Node:
+    """A new op of ``gm`` just before ``before``, carrying ``before``'s metadata (its sequence
+    number pairs it with the same backward; its stack names the same line) and ``val``."""
+    with gm.graph.inserting_before(before):
+        node = gm.graph.call_function(target, args, kwargs or {})
+    node.meta = {k: v for k, v in before.meta.items() if k != "val"}
+    if val is not None:
+        node.meta["val"] = val
+    return node
 
 
 def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
@@ -154,13 +165,12 @@ def copy_before_views(gm: torch.fx.GraphModule, names: list[str]) -> None:
         if view.name not in wanted:
             continue
         source, shape = view.args[0], view.args[1]
-        with gm.graph.inserting_before(view):
-            copy = gm.graph.call_function(torch.ops.aten.clone.default, (source,),
-                                          {"memory_format": torch.contiguous_format})
-            copy.meta = {k: v for k, v in view.meta.items() if k != "val"}
-            copy.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
-            flat = gm.graph.call_function(torch.ops.aten._unsafe_view.default, (copy, shape))
-            flat.meta = dict(view.meta)
+        dense = torch.contiguous_format
+        copy = _inserted(gm, view, torch.ops.aten.clone.default, (source,),
+                         {"memory_format": dense},
+                         val=source.meta["val"].clone(memory_format=dense))
+        flat = _inserted(gm, view, torch.ops.aten._unsafe_view.default, (copy, shape),
+                         val=view.meta["val"])
         view.replace_all_uses_with(flat)
         gm.graph.erase_node(view)
     gm.graph.lint()
@@ -192,9 +202,7 @@ def _fills_in_memory_order(gm: torch.fx.GraphModule) -> None:
         order = sorted(range(value.dim()), key=lambda d: -value.stride(d))  # stable for ties
         if not _dense(value.shape, value.stride(), order):
             continue  # overlapping or with gaps: no order of its dimensions is one block
-        with gm.graph.inserting_before(node):
-            view = gm.graph.call_function(torch.ops.aten.permute.default, (filled, order))
-        view.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        view = _inserted(gm, node, torch.ops.aten.permute.default, (filled, order))
         node.replace_all_uses_with(filled)  # an in-place op returns the tensor it filled
         node.args = (view, *node.args[1:])
         log.debug("random fill %s moved onto its memory-order view", node.name)

@@ -121,7 +121,7 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _grad_addresses(env: dict[str, Any], param_grads: set[str]) -> set[int]:
-    return {t.untyped_storage().data_ptr() for name in param_grads
+    return {_storage(t)[0] for name in param_grads
             for t in pytree.tree_leaves(env.get(name)) if isinstance(t, torch.Tensor)}
 
 
