@@ -11,7 +11,8 @@ import torch
 import torch.fx
 
 from hiremate.errors import GraphCaptureError
-from hiremate.ir.graph import ComputeNode, DataKind, DataNode, Graph, NodeKind, Op, Ref
+from hiremate.ir.graph import (COUNTED_KINDS, ComputeNode, DataKind, DataNode, Graph,
+                               NodeKind, Op, Ref)
 from hiremate.graphbuilder.capture import JointCapture
 from hiremate.graphbuilder.costs import OpCost
 from hiremate.graphbuilder.encode import encode_arg
@@ -134,6 +135,7 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
     for i, name in enumerate(grad_values):
         if name is not None:
             grad_kind[owner[name]] = DataKind.PARAM_GRAD if i < n_params else DataKind.INPUT_GRAD
+    uncounted = frozenset(o for o, k in grad_kind.items() if k not in COUNTED_KINDS)
     out_owners = [owner.get(o, o) for o in grp.outputs if isinstance(o, str)]
     for o in grp.outputs:
         if isinstance(o, str) and o in grp.inline:
@@ -212,7 +214,8 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
                                        signature="loss"))
             continue
         compute.append(_compute_node(gi, groups[gi], node_id, data_id, external, allocs[gi],
-                                     grp, costs, owner, partner_bwd, groups, group_index))
+                                     grp, costs, owner, partner_bwd, groups, group_index,
+                                     uncounted))
     graph_meta = dict(meta)
     graph_meta.update({
         "output_values": [o if isinstance(o, str) else {"const": encode_arg(o)} for o in grp.outputs],
@@ -224,7 +227,8 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
 
 
 def _compute_node(gi, g: Group, node_id, data_id, external, allocs, grp: Grouping, costs,
-                  owner, partner_bwd, groups, group_index) -> ComputeNode:
+                  owner, partner_bwd, groups, group_index, uncounted: frozenset[str]
+                  ) -> ComputeNode:
     nid = node_id[gi]
     chain: list[torch.fx.Node] = []
     seen: set[str] = set()
@@ -260,7 +264,7 @@ def _compute_node(gi, g: Group, node_id, data_id, external, allocs, grp: Groupin
     soft = tuple(sorted(data_id[s] for s in g.soft if s in data_id and data_id[s] not in inputs))
     time = sum(costs[op.name].time for op in ordered if op.name in costs)
     flops = sum(costs[op.name].flops for op in ordered if op.name in costs)
-    overhead = _overhead(ordered, g, allocs, external, costs, grp, owner)
+    overhead = _overhead(ordered, g, allocs, external, costs, grp, owner, uncounted)
     kind = g.kind
     partner = partner_bwd.get(nid) if kind is NodeKind.FWD else (
         node_id.get(group_index.get(id(g.partner))) if g.partner is not None else None)
@@ -314,8 +318,13 @@ def _is_buffer(arg: Any, grp: Grouping, owner: dict[str, str]) -> bool:
     return grp.source_kind.get(o) is DataKind.BUFFER
 
 
-def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner) -> int:
-    """Peak memory inside the node beyond its outputs: internal temporaries + op scratch."""
+def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner,
+              uncounted: set[str] = frozenset()) -> int:
+    """Peak memory inside the node beyond its outputs: internal temporaries + op scratch.
+    Outputs the simulator does not count (``uncounted``: parameter gradients) weigh nothing
+    here either: counted, a parameter gradient made after a temporary is freed would hide
+    that temporary (the node's peak would be its outputs, larger than the moment with the
+    temporary), and the simulator, which leaves the gradient out, would miss it."""
     internal = [o for o in allocs if o not in external]
     last_use: dict[str, int] = {}
     for i, op in enumerate(ordered):
@@ -323,7 +332,8 @@ def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner) 
             o = owner.get(r, r)
             if o in internal:
                 last_use[o] = i
-    sizes = {op.name: _value_size(op, costs) for op in ordered}
+    sizes = {op.name: 0 if op.name in uncounted else _value_size(op, costs)
+             for op in ordered}
     ext_total = sum(sizes.get(o, 0) for o in allocs if o in external)
     # an op returning several tensors (native_batch_norm, split) allocates them itself; the
     # getitems that name them come after it, so their bytes are counted at the op, where its

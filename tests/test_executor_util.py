@@ -142,6 +142,33 @@ class Fold(nn.Module):
         return torch.tanh(self.conv(F.fold(patches, x.shape[-2:], 3, padding=1)))
 
 
+class _ScaledInputGrad(torch.autograd.Function):
+    """``x @ w`` whose backward scales the input's gradient: ``gy @ w.T`` is a temporary of
+    the backward node, freed before the weight's gradient ``x.T @ gy`` is made."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        return grad @ w.T * 1.5, x.T @ grad
+
+
+class ScaledGrad(nn.Module):
+    """A Linear layer, then :class:`_ScaledInputGrad` with a weight of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.weight = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(_ScaledInputGrad.apply(self.lin(x), self.weight))
+
+
 def small_gpt2(dtype: torch.dtype = torch.float64) -> tuple[nn.Module, dict]:
     import transformers
 
@@ -184,6 +211,8 @@ def get_model(name: str, dtype: torch.dtype = torch.float64) -> tuple[nn.Module,
         return _seeded(Gather, dtype), (torch.randn(4, 8, generator=gen, dtype=dtype),)
     if name == "fold":
         return _seeded(Fold, dtype), (torch.randn(2, 2, 8, 8, generator=gen, dtype=dtype),)
+    if name == "scaled_grad":
+        return _seeded(ScaledGrad, dtype), (torch.randn(5, 8, generator=gen, dtype=dtype),)
     if name == "spectral":
         return _seeded(Spectral, dtype), (torch.randn(2, 4, 256, generator=gen, dtype=dtype),)
     if name == "small_gpt2":
