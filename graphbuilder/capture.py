@@ -30,9 +30,11 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from hiremate.errors import ConfigError, GraphCaptureError
+from hiremate.quiet import diverted_logger, diverted_stderr
 from hiremate.graphbuilder.traceable import fixed_shape_kernels
 from hiremate.graphbuilder.functionalise import functionalise
-from hiremate.graphbuilder.guards import BranchRecorder, Guard, check_static_sizes
+from hiremate.graphbuilder.guards import (BranchRecorder, Guard, check_static_sizes,
+                                         failure_reason)
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,8 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
     args, kwargs = training_call(model, *normalise_sample(sample))
     attempts: dict[str, str] = {}
     with (plain_checkpoints(type(model).__name__), _unvalidated_distributions(model),
-          _tensor_hooks_noted(model), _own_conversions_checked(model), fixed_shape_kernels()):
+          _tensor_hooks_noted(model), _own_conversions_checked(model), fixed_shape_kernels(),
+          diverted_logger("torch", "torch's log during capture")):
         for path in ("make_fx", "export"):
             try:
                 with _foreign_randomness_check(model):
@@ -109,9 +112,11 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
                 log.info("captured %s with the %s path", type(model).__name__, path)
                 return result
             except Exception as exc:  # every failure of a path is reported, none is fatal alone
-                attempts[path] = _reason(exc)
+                attempts[path] = failure_reason(exc)
                 log.debug("capture path %s failed", path, exc_info=True)
     tried = "; ".join(f"{p}: {why}" for p, why in attempts.items())
+    if len(attempts) > 1 and len(set(attempts.values())) == 1:  # the same cause, said once
+        tried = f"every path: {next(iter(attempts.values()))}"
     raise GraphCaptureError(
         f"could not capture {type(model).__name__}: every capture path failed ({tried})",
         attempts=attempts,
@@ -121,8 +126,9 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
 def _exported(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.nn.Module:
     """``torch.export`` of ``model`` as a module, its warnings logged, not shown: the export
     path is the capture's own fallback (an RNN's flat weights made it warn to the user about
-    attributes the user never assigned)."""
-    with warnings.catch_warnings(record=True) as caught:
+    attributes the user never assigned). A failed export prints its partial graph to stderr;
+    that goes to the debug log too."""
+    with warnings.catch_warnings(record=True) as caught, diverted_stderr("torch.export"):
         warnings.simplefilter("always")
         exported = torch.export.export(model, args, kwargs=kwargs, strict=False)
     for warning in caught:
@@ -258,16 +264,6 @@ def _foreign_randomness_check(model: torch.nn.Module) -> Iterator[None]:
 
 def _same_numpy_state(a: tuple, b: tuple) -> bool:
     return a[0] == b[0] and bool((a[1] == b[1]).all()) and tuple(a[2:]) == tuple(b[2:])
-
-
-def _reason(exc: BaseException) -> str:
-    """One line saying why a capture path failed (a GraphCaptureError's message is already
-    written for the user and kept whole)."""
-    text = str(exc).strip()
-    if isinstance(exc, GraphCaptureError):
-        return text
-    first_line = text.splitlines()[0] if text else repr(exc)
-    return f"{type(exc).__name__}: {first_line[:300]}"
 
 
 def training_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

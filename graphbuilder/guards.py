@@ -232,3 +232,56 @@ def _user_frame() -> str:
         if not any(s in frame.filename for s in skip):
             return f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
     return "an unknown line"
+
+
+def _data_dependent_kinds() -> tuple[type, ...]:
+    """torch's errors for a value read from a traced tensor that no trace can know."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (GuardOnDataDependentSymNode, DataDependentOutputException)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a capture path failed (a GraphCaptureError's message is already
+    written for the user and kept whole)."""
+    text = str(exc).strip()
+    if isinstance(exc, GraphCaptureError):
+        return text
+    reason = _data_dependent_reason(exc)
+    if reason is not None:
+        return reason
+    first_line = text.splitlines()[0] if text else repr(exc)
+    return f"{type(exc).__name__}: {first_line[:300]}"
+
+
+def _data_dependent_reason(exc: BaseException) -> str | None:
+    """What to tell the user when the trace stopped at a read of a traced tensor's value that
+    :class:`BranchRecorder` did not see: one made inside a torch function (a check such as
+    ``gaussian_nll_loss``'s on its variance, ``istft``'s on its window), where the recorder's
+    mode is off. The line of the model that called it is read from the traceback; None when
+    ``exc`` is not such an error."""
+    if not isinstance(exc, _data_dependent_kinds()):
+        return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    skip = ("/torch/", "/hiremate/", "/graphbuilder/", "/contextlib.py", "/functools.py")
+    user = max((i for i, f in enumerate(frames) if not any(s in f.filename for s in skip)
+                and not f.filename.startswith("<eval_with_key>")), default=None)
+    if user is None:
+        where = "a line the capture did not see"
+        inside = ""
+    else:
+        frame = frames[user]
+        where = f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
+        inner = frames[user + 1] if user + 1 < len(frames) else None
+        inside = ""
+        if inner is not None and "/torch/" in inner.filename:
+            parts = inner.filename.rsplit("/torch/", 1)[1].removesuffix(".py").split("/")
+            if not any(p.startswith("_") or p == "fx" for p in parts):  # a public function
+                inside = f" inside torch.{'.'.join(parts)}.{inner.name}"
+    text = str(exc).strip().splitlines()
+    asked = text[0] if text and text[0].startswith("aten.") else "a condition on its values"
+    return (f"the forward reads the value of a traced tensor ({asked}){inside}, called at "
+            f"{where}: a traced program cannot follow a branch or a check on values computed "
+            "in the model. Compute that step without reading the values (torch.where, "
+            "masking), or keep it outside the wrapped model")

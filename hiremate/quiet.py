@@ -15,6 +15,7 @@ use it.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -162,3 +163,51 @@ def show_progress(progress: Any) -> bool:
         except (AttributeError, ValueError):
             return False
     return bool(progress)
+
+
+class _ToDebugLog(logging.Filter):
+    """A handler filter that hands each record to this module's debug log instead."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        first = record.getMessage().strip().splitlines()
+        log.debug("%s (%s): %s", self.what, record.name, first[0] if first else "")
+        return False
+
+
+@contextlib.contextmanager
+def diverted_logger(name: str, what: str) -> Iterator[None]:
+    """Within the block, records of the logger ``name`` and of its descendants that exist at
+    entry go to the debug log (first line only) instead of their handlers. torch writes its
+    log to stderr through a handler of its own, and a failed ``torch.export`` warns there with
+    a dump of the partial graph: noise before the error hiremate raises with the cause. The
+    filter sits on the loggers, not on torch's handler, which torch may replace meanwhile."""
+    divert = _ToDebugLog(what)
+    loggers = [logging.getLogger(name)] + [
+        logger for key, logger in list(logging.root.manager.loggerDict.items())
+        if key.startswith(name + ".") and isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        logger.addFilter(divert)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(divert)
+
+
+@contextlib.contextmanager
+def diverted_stderr(what: str) -> Iterator[None]:
+    """Within the block, what Python code writes to ``sys.stderr`` goes to the debug log (as
+    lines of ``what``). For a library call that prints there (a failed ``torch.export``
+    prints its partial graph); logging handlers keep the stream they were made with."""
+    sink = io.StringIO()
+    with contextlib.redirect_stderr(sink):
+        try:
+            yield
+        finally:
+            for line in sink.getvalue().splitlines():
+                if line.strip():
+                    log.debug("%s: %s", what, line.rstrip())

@@ -1,0 +1,62 @@
+"""What a user reads when a model cannot be captured: the cause, the line of the model, said
+once, and nothing else on the console.
+
+A check inside a torch function on values computed in the model (``gaussian_nll_loss`` checks
+its variance) stops the trace where :class:`~hiremate.graphbuilder.guards.BranchRecorder` does
+not look: before, the error carried torch's own text (a guard on ``Eq(u0, 1)``) twice, and a
+failed ``torch.export`` printed its partial graph and a warning to stderr first.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hiremate.api import HRockmate
+from hiremate.errors import GraphCaptureError
+
+
+class VarianceHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mean = nn.Linear(8, 8)
+        self.scale = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = self.mean(x)
+        return F.gaussian_nll_loss(mean, x, self.scale(x).exp())  # the line named
+
+
+class ActivationBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y if (y > 0).all() else y * 2  # the line named
+
+
+def test_a_check_inside_a_torch_function_names_the_function_and_the_line(capfd):
+    torch.manual_seed(0)
+    with pytest.raises(GraphCaptureError) as info:
+        HRockmate(VarianceHead(), torch.randn(4, 8), 0.6)
+    text = str(info.value)
+    assert "torch.nn.functional.gaussian_nll_loss" in text
+    assert "test_capture_messages.py" in text and "the line named" in text
+    assert "every path:" in text and text.count("gaussian_nll_loss") == 2  # said once
+    assert "Eq(u0" not in text
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+
+
+def test_a_branch_on_an_activation_leaves_the_console_quiet(capfd):
+    torch.manual_seed(0)
+    with pytest.raises(GraphCaptureError, match=r"branches on the value of a tensor") as info:
+        HRockmate(ActivationBranch(), torch.randn(4, 8), 0.6)
+    assert "the line named" in str(info.value)
+    assert "Eq(u0" not in str(info.value)
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
