@@ -139,7 +139,7 @@ class HRockmate(ModelWrapper):
             sample = step.step_inputs(sample, target)
         runs = self._runs(model)
         try:
-            with _trainable_build(), preserved(runs):
+            with _trainable_build(), preserved(runs, python_state_warning=True):
                 built = self._build(runs, cfg, _traceable(sample), budget)
         except GraphCaptureError as exc:
             if step is not None and step.output_error is not None:
@@ -232,7 +232,7 @@ class HRockmate(ModelWrapper):
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
         self._init_state(budget, loss_fn)
-        with preserved(model):
+        with preserved(model, python_state_warning=True):
             built = self._build(model, cfg, sample, budget, graph=graph)
         self._adopt(model, built, cfg)
         return self
@@ -374,7 +374,7 @@ class HRockmate(ModelWrapper):
         untouched (a call under no_grad or inference_mode too: :func:`_trainable_build`)."""
         model = self._runs(self.wrapped_model)
         sample = tuple(args) if args else dict(kwargs)
-        with _trainable_build(), preserved(model):
+        with _trainable_build(), preserved(model, python_state_warning=True):
             return self._build(model, cfg or self.hiremate_config, _traceable(sample),
                                self._budget_arg, variant=variant)
 

@@ -268,3 +268,45 @@ def test_a_sparse_buffer_is_kept_and_errors_are_the_builds():
     eager(x).square().sum().backward()
     for a, b in zip(model.parameters(), eager.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+class Counting(nn.Module):
+    """A forward that keeps Python state: a call counter, a list and a dict it adds to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.calls = 0
+        self.seen: list[int] = []
+        self.last: dict[str, float] = {"scale": 1.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.seen.append(self.calls)
+        self.last["scale"] = float(self.calls)
+        return torch.relu(self.lin(x))
+
+
+def test_a_build_puts_back_the_forwards_python_state_and_says_so(caplog):
+    """Building runs the forward several times; before, a counter read 3 after the build and
+    a list had grown, with nothing said. They are put back, and the warning says that the
+    wrapper's steps will not change them."""
+    model = Counting()
+    seen, last = model.seen, model.last
+    with caplog.at_level("WARNING", logger="hiremate"):
+        wrapped = HRockmate(model, torch.randn(4, 8), 1.0)
+    assert model.calls == 0 and model.seen == [] and model.last == {"scale": 1.0}
+    assert model.seen is seen and model.last is last  # the same objects, the user's references
+    warned = [r.getMessage() for r in caplog.records if "Python attribute" in r.getMessage()]
+    assert len(warned) == 1 and "Counting.calls" in warned[0] and "Counting.seen" in warned[0]
+    wrapped(torch.randn(4, 8)).sum().backward()
+    assert model.calls == 0  # the schedule runs, not the forward's Python code
+
+
+def test_preserved_puts_back_attributes_quietly_outside_a_build(caplog):
+    model = Counting()
+    with caplog.at_level("DEBUG", logger="hiremate"), preserved(model):
+        model(torch.randn(2, 8))
+        model.seen.extend([7, 8])
+    assert model.calls == 0 and model.seen == [] and model.last == {"scale": 1.0}
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -20,14 +20,21 @@ What is kept, and how:
   back;
 - ``.grad`` of every parameter, by reference;
 - the CPU generator's state, and each CUDA device's when CUDA is initialised (reading a state
-  from an uninitialised CUDA would initialise it, and nothing can have drawn from it).
+  from an uninitialised CUDA would initialise it, and nothing can have drawn from it);
+- the modules' plain Python attributes that a forward may change (a call counter, a list it
+  appends to): numbers, strings, booleans and None by value, lists, dicts and sets by their
+  contents (element identity). With ``python_state_warning`` a change is also a warning: the
+  wrapper's steps run the captured program, not the forward's Python code, so such an
+  attribute stops changing in training, and a branch on it follows its value at the build.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -37,14 +44,17 @@ log = logging.getLogger(__name__)
 class ModelState:
     """A snapshot of what :func:`preserved` restores (see the module docstring)."""
 
-    def __init__(self, modules: Iterable[torch.nn.Module]):
+    def __init__(self, modules: Iterable[torch.nn.Module], python_state_warning: bool = False):
         self._slots: list[tuple[dict, str, torch.Tensor]] = []
+        self._attributes: list[tuple[str, dict, str, Any, Any]] = []
+        self._warn = python_state_warning
         seen_modules: set[int] = set()
         for root in modules:
-            for m in root.modules():
+            for path, m in root.named_modules():
                 if id(m) in seen_modules:
                     continue
                 seen_modules.add(id(m))
+                self._attributes += _plain_attributes(type(root).__name__, path, m)
                 for table in (m._parameters, m._buffers):
                     for name, t in table.items():
                         if t is not None:
@@ -67,6 +77,7 @@ class ModelState:
 
     def restore(self) -> None:
         """Put everything back; the parameters' values are checked, not restored."""
+        self._restore_attributes()
         for table, name, t in self._slots:
             # ``in`` and ``[]``, which a TorchScript module's tables have too (no ``get``)
             if (table[name] if name in table else None) is not t:
@@ -91,6 +102,65 @@ class ModelState:
             torch.cuda.set_rng_state_all(self._cuda_rng)
 
 
+    def _restore_attributes(self) -> None:
+        changed = []
+        for where, table, key, value, contents in self._attributes:
+            now = table.get(key, _MISSING)
+            if now is not value:
+                table[key] = value
+            elif contents is not None and not _same_elements(value, contents):
+                if isinstance(value, list):
+                    value[:] = contents
+                else:
+                    value.clear()
+                    value.update(contents)
+            else:
+                continue
+            changed.append(where)
+        if changed:
+            shown = ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
+            log.log(logging.WARNING if self._warn else logging.DEBUG,
+                    "running the model's forward changed %d Python attribute(s) (%s); they "
+                    "were put back. Training steps through the wrapper run the captured "
+                    "program, not the forward's Python code: these attributes will not change "
+                    "then, and a branch on one follows its value at the build", len(changed),
+                    shown)
+
+
+_MISSING = object()
+#: what nn.Module keeps in every instance's ``__dict__`` (its tables and hooks)
+_MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _plain_attributes(root: str, path: str, module: torch.nn.Module
+                      ) -> list[tuple[str, dict, str, Any, Any]]:
+    """``(name, table, key, value, contents)`` of ``module``'s plain attributes worth
+    keeping: scalars (``contents`` None) and lists, dicts and sets (a shallow copy)."""
+    table = module.__dict__
+    kept = []
+    for key, value in table.items():
+        if key in _MODULE_KEYS:
+            continue
+        where = ".".join(p for p in (root, path, key) if p)
+        if isinstance(value, _SCALARS):
+            kept.append((where, table, key, value, None))
+        elif type(value) in (list, dict, set):
+            kept.append((where, table, key, value, copy.copy(value)))
+    return kept
+
+
+def _same_elements(value: Any, contents: Any) -> bool:
+    """Whether a list, dict or set holds the same objects as its copy ``contents``."""
+    if len(value) != len(contents):
+        return False
+    if isinstance(value, list):
+        return all(a is b for a, b in zip(value, contents))
+    if isinstance(value, dict):
+        return all(k in contents and contents[k] is v for k, v in value.items())
+    return all(any(a is b for b in contents) for a in value)
+
+
 def _unchanged(buffer: torch.Tensor, version: int, saved: torch.Tensor) -> bool:
     """Whether ``buffer`` still holds ``saved``: its version, and for a dense tensor its values
     (``torch.equal`` has no kernel for sparse layouts, whose in-place writes bump the version)."""
@@ -100,10 +170,12 @@ def _unchanged(buffer: torch.Tensor, version: int, saved: torch.Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def preserved(*modules: torch.nn.Module) -> Iterator[ModelState]:
-    """Run the body, then restore ``modules``' buffers, tensors and gradients and the global
-    RNG states as they were on entry (also when the body raises)."""
-    state = ModelState(modules)
+def preserved(*modules: torch.nn.Module, python_state_warning: bool = False
+              ) -> Iterator[ModelState]:
+    """Run the body, then restore ``modules``' buffers, tensors, gradients and plain
+    attributes and the global RNG states as they were on entry (also when the body raises).
+    ``python_state_warning``: a changed attribute is a warning (a build), not only put back."""
+    state = ModelState(modules, python_state_warning)
     try:
         yield state
     finally:
