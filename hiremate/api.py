@@ -46,7 +46,7 @@ from hiremate.ir.graph import DataKind, Graph, same_program
 from hiremate.graphbuilder.build import autocast_dtype
 from hiremate.graphbuilder.capture import is_capturing
 from hiremate.runtime import structure
-from hiremate.runtime.hooks import user_forward_hooks
+from hiremate.runtime.hooks import user_module_hooks
 from hiremate.runtime.io import in_sample_form, positional_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
 from hiremate.runtime.preserve import preserved
@@ -262,9 +262,10 @@ class HRockmate(ModelWrapper):
         # read at every call: walking a list costs less than walking modules() again
         self._own("_mode_modules", list(model.modules()))
         self._own("_mode_notes", set())
-        self._own("_hooks_at_build", user_forward_hooks(self._mode_modules))
+        self._own("_hooks_at_build", user_module_hooks(self._mode_modules))
         if self._hooks_at_build:
-            log.warning("%s has %d forward hooks: they ran once while capturing, on traced values, "
+            log.warning("%s has %d module hooks (forward or backward): they ran once while "
+                        "capturing, on traced values, "
                         "and do not run in calls through the schedule (what they return is part "
                         "of the captured program, what else they do is not)",
                         type(model).__name__, self._hooks_at_build)
@@ -506,8 +507,8 @@ class HRockmate(ModelWrapper):
                             "jacrev...), which the schedule's autograd function cannot run "
                             "under: running the plain forward (no memory bound)")
             return False
-        if user_forward_hooks(self._mode_modules) != self._hooks_at_build:
-            self._warn_once("hooks", "forward hooks were added to or removed from %s after the "
+        if user_module_hooks(self._mode_modules) != self._hooks_at_build:
+            self._warn_once("hooks", "module hooks were added to or removed from %s after the "
                             "build: running its plain forward (no memory bound), where they "
                             "run; build the wrapper again to train within the budget")
             return False

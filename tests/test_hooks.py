@@ -1,6 +1,6 @@
-"""Forward hooks and the schedule: hooks present at the build ran once on traced values and do
-not run through the schedule (a warning says so); hooks added after the build make the call
-run the model's plain forward, where they run, until they are removed."""
+"""Module hooks and the schedule: forward and backward hooks present at the build ran once on
+traced values and do not run through the schedule (a warning says so); hooks added after the
+build make the call run the model's plain forward, where they run, until they are removed."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_hooks_at_the_build_are_named_and_torchs_own_are_not(caplog):
     model[2].register_forward_hook(lambda mod, args, out: None)
     with caplog.at_level(logging.WARNING, logger="hiremate"):
         wrapper = HRockmate(model, x, 0.6, calibrate=0)
-    assert any("1 forward hooks" in r.getMessage() for r in caplog.records)
+    assert any("1 module hooks" in r.getMessage() for r in caplog.records)
     calls = schedule_calls(wrapper)
     wrapper(x).sum().backward()
     assert calls == [1]  # the schedule runs: the hooks are those of the build
@@ -85,3 +85,41 @@ def test_gradient_hooks_in_the_forward_are_captured_and_named(caplog):
     eager(x).square().sum().backward()
     for a, b in zip(model.parameters(), eager.parameters()):
         assert torch.equal(a.grad, b.grad)  # the scaling hook is part of the program
+
+
+def test_a_backward_hook_added_after_the_build_runs_in_the_plain_forward(caplog):
+    """Before, a ``register_full_backward_hook`` added after the build never ran, silently:
+    only forward hooks were counted."""
+    model, x = _model()
+    eager = copy.deepcopy(model)
+    wrapper = HRockmate(model, x, 0.6, calibrate=0)
+    calls = schedule_calls(wrapper)
+    norms: list[float] = []
+    handle = model[4].register_full_backward_hook(
+        lambda mod, grad_in, grad_out: norms.append(float(grad_out[0].norm())))
+    with caplog.at_level(logging.WARNING, logger="hiremate"):
+        wrapper(x).sum().backward()
+    eager(x).sum().backward()
+    assert calls == [] and len(norms) == 1
+    assert any("module hooks were added" in r.getMessage() for r in caplog.records)
+    for a, b in zip(model.parameters(), eager.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    handle.remove()
+    wrapper(x).sum().backward()
+    assert calls == [1] and len(norms) == 1
+
+
+def test_a_backward_hook_at_the_build_is_named_and_what_it_returns_is_captured(caplog):
+    model, x = _model()
+    eager = copy.deepcopy(model)
+    for m in (model, eager):
+        m[2].register_full_backward_hook(lambda mod, grad_in, grad_out: (grad_in[0] * 0.5,))
+    with caplog.at_level(logging.WARNING, logger="hiremate"):
+        wrapper = HRockmate(model, x, 0.6, calibrate=0)
+    assert any("1 module hooks" in r.getMessage() for r in caplog.records)
+    calls = schedule_calls(wrapper)
+    wrapper(x).sum().backward()
+    eager(x).sum().backward()
+    assert calls == [1]
+    for a, b in zip(model.parameters(), eager.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=0)
