@@ -33,6 +33,7 @@ from hiremate.errors import ConfigError, GraphCaptureError
 from hiremate.quiet import diverted_logger, diverted_stderr
 from hiremate.graphbuilder.traceable import fixed_shape_kernels
 from hiremate.graphbuilder.functionalise import functionalise
+from hiremate.graphbuilder.outputs import opaque_outputs
 from hiremate.graphbuilder.guards import (BranchRecorder, Guard, check_static_sizes,
                                          failure_reason)
 
@@ -481,7 +482,7 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
         out = torch.func.functional_call(module, ({**params, **frozen}, probe_buffers), a, k,
                                          tie_weights=True)
     flat_out, out_spec = pytree.tree_flatten(out)
-    dropped = _opaque_outputs(flat_out)
+    dropped = opaque_outputs(flat_out)
     diff = [i for i, o in enumerate(flat_out)
             if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()]
     if not diff:
@@ -572,21 +573,3 @@ def _devices(tensors: list[torch.Tensor], params: dict) -> list[int]:
     cuda = {t.device.index or 0 for t in list(tensors) + list(params.values())
             if isinstance(t, torch.Tensor) and t.is_cuda}
     return sorted(cuda)
-
-
-#: output leaves that pass through as constants; any other non-tensor leaf is dropped
-_PLAIN_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
-
-
-def _opaque_outputs(flat: list[Any]) -> set[int]:
-    """Positions of output leaves that are neither tensors nor plain constants (a Hugging Face
-    cache object, any Python object): they need no gradient and cannot be stored in a graph,
-    so the wrapper returns ``None`` in their place (logged once per kind)."""
-    dropped = {i for i, o in enumerate(flat)
-               if not isinstance(o, (torch.Tensor, *_PLAIN_LEAVES))}
-    kinds = sorted({type(flat[i]).__name__ for i in dropped})
-    if kinds:
-        _log_once(f"dropped:{','.join(kinds)}", logging.WARNING,
-                  "the model's output holds %s, which is not a tensor: the wrapped model "
-                  "returns None in its place (it needs no gradient)", ", ".join(kinds))
-    return dropped

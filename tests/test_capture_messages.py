@@ -9,8 +9,11 @@ failed ``torch.export`` printed its partial graph and a warning to stderr first.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import torch.utils._pytree as pytree
 import torch.nn.functional as F
 from torch import nn
 
@@ -60,3 +63,42 @@ def test_a_branch_on_an_activation_leaves_the_console_quiet(capfd):
     assert "Eq(u0" not in str(info.value)
     out, err = capfd.readouterr()
     assert out == "" and err == "", (out, err)
+
+
+@dataclasses.dataclass
+class Heads:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class DataclassOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> Heads:
+        hidden = torch.relu(self.lin(x))
+        return Heads(hidden.sum(1), hidden)
+
+
+def test_an_output_class_pytree_cannot_open_is_refused_with_the_fix():
+    """Before, the capture took the dataclass for an opaque object that needs no gradient: the
+    build failed with "no output needs a gradient", and beside a tensor output the wrapper
+    returned None in its place."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    with pytest.raises(GraphCaptureError, match=r"Heads.*register_dataclass\(Heads\)"):
+        HRockmate(DataclassOutput(), x, 1.0)
+    pytree.register_dataclass(Heads)
+    try:
+        model = DataclassOutput()
+        out = HRockmate(model, x, 1.0)(x)
+        assert isinstance(out, Heads)
+        (out.logits.sum() + out.hidden.square().sum()).backward()
+        eager = DataclassOutput()
+        eager.load_state_dict(model.state_dict())
+        reference = eager(x)
+        (reference.logits.sum() + reference.hidden.square().sum()).backward()
+        assert torch.allclose(model.lin.weight.grad, eager.lin.weight.grad)
+    finally:
+        pytree._deregister_pytree_node(Heads)
