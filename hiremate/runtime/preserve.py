@@ -136,7 +136,11 @@ _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 def _plain_attributes(root: str, path: str, module: torch.nn.Module
                       ) -> list[tuple[str, dict, str, Any, Any]]:
     """``(name, table, key, value, contents)`` of ``module``'s plain attributes worth
-    keeping: scalars (``contents`` None) and lists, dicts and sets (a shallow copy)."""
+    keeping: scalars (``contents`` None) and lists, dicts and sets (a shallow copy). None of
+    hiremate's own modules (the step that wraps a model with its loss keeps the loss's error in
+    an attribute, for the build to raise)."""
+    if type(module).__module__.startswith("hiremate."):
+        return []
     table = module.__dict__
     kept = []
     for key, value in table.items():
