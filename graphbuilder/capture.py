@@ -21,6 +21,7 @@ import inspect
 import logging
 import threading
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -65,8 +66,9 @@ class JointCapture:
 
 
 def normalise_sample(sample: Any) -> tuple[tuple, dict]:
-    """A tensor, a tuple of positional arguments, or a dict of keyword arguments."""
-    if isinstance(sample, dict):
+    """A tensor, a tuple of positional arguments, or a mapping of keyword arguments (a dict, or
+    a tokenizer's ``BatchEncoding``, which is a mapping but not a dict)."""
+    if isinstance(sample, Mapping):
         return (), dict(sample)
     if isinstance(sample, (tuple, list)):
         return tuple(sample), {}

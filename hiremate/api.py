@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,7 +72,7 @@ def _trainable_build() -> contextlib.ExitStack:
 def _traceable(sample: Any) -> Any:
     """``sample`` with its inference-mode tensors copied: those cannot be traced, copies can."""
     return pytree.tree_map_only(torch.Tensor, lambda t: t.clone() if t.is_inference() else t,
-                                sample)
+                                dict(sample) if isinstance(sample, Mapping) else sample)
 
 
 def _modes(model: torch.nn.Module) -> list[bool]:

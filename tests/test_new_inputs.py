@@ -4,6 +4,7 @@ the model left untouched; outputs and gradients compared with eager PyTorch's.""
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import math
@@ -387,6 +388,24 @@ def test_arguments_passed_by_keyword_or_by_position_are_the_same_call():
     assert wrapped.recaptures == 1 and torch.equal(out, reference(x.double()))
     with pytest.raises(InputMismatchError, match="scale"):  # keyword-only: not in the sample
         wrapped(x.double(), mask, scale=2.0)
+
+
+def test_a_sample_that_is_a_mapping_but_not_a_dict_is_keyword_arguments():
+    """A tokenizer's ``BatchEncoding`` is a ``UserDict``: a mapping, not a dict. Before, the
+    capture passed it whole as the first positional argument and failed with a bare
+    ``AttributeError``; it is the keyword arguments, as ``model(**batch)`` takes them."""
+    torch.manual_seed(0)
+    x, mask = torch.randn(8, 16).double(), (torch.rand(8, 32) > 0.3).double()
+    model = _Masked().double()
+    reference = copy.deepcopy(model)
+    batch = collections.UserDict({"x": x, "mask": mask})
+    wrapped = HRockmate(model, batch, 1.0, calibrate=0)
+    out = wrapped(**batch)
+    out.square().sum().backward()
+    expected = reference(**batch)
+    expected.square().sum().backward()
+    assert torch.equal(out, expected) and wrapped.recaptures == 0
+    assert_grads_match(wrapped, reference)
 
 
 def test_a_captured_loss_takes_its_inputs_by_keyword_too():
