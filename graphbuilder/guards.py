@@ -273,11 +273,13 @@ def _data_dependent_reason(exc: BaseException) -> str | None:
     else:
         frame = frames[user]
         where = f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
-        inner = frames[user + 1] if user + 1 < len(frames) else None
         inside = ""
-        if inner is not None and "/torch/" in inner.filename:
+        for inner in frames[user + 1:]:  # the deepest public torch function on the way
+            if "/torch/" not in inner.filename:
+                continue
             parts = inner.filename.rsplit("/torch/", 1)[1].removesuffix(".py").split("/")
-            if not any(p.startswith("_") or p == "fx" for p in parts):  # a public function
+            if (not any(p.startswith("_") or p == "fx" for p in parts)
+                    and parts[-2:] != ["modules", "module"]):  # not Module.__call__'s frames
                 inside = f" inside torch.{'.'.join(parts)}.{inner.name}"
     text = str(exc).strip().splitlines()
     asked = text[0] if text and text[0].startswith("aten.") else "a condition on its values"
