@@ -310,3 +310,22 @@ def test_preserved_puts_back_attributes_quietly_outside_a_build(caplog):
         model.seen.extend([7, 8])
     assert model.calls == 0 and model.seen == [] and model.last == {"scale": 1.0}
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_lazy_module_is_initialised_by_the_build_as_by_its_first_call(caplog):
+    """The build's first run initialises ``nn.LazyLinear``, as eager's first call would. Before,
+    the build logged its parameters as written in place, and put back the attributes the
+    initialisation had set (a ``Linear`` with ``in_features`` 0)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 2)).double()
+    x = torch.randn(5, 6, dtype=torch.float64)
+    with caplog.at_level("WARNING", logger="hiremate"):
+        wrapped = HRockmate(model, x, 1.0)
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert type(model[0]) is nn.Linear and model[0].in_features == 6
+    eager = copy.deepcopy(model)
+    wrapped(x).sum().backward()
+    eager(x).sum().backward()
+    assert wrapped.recaptures == 0
+    for a, b in zip(model.parameters(), eager.parameters()):
+        assert torch.equal(a.grad, b.grad)

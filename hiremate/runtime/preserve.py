@@ -21,6 +21,8 @@ What is kept, and how:
 - ``.grad`` of every parameter, by reference;
 - the CPU generator's state, and each CUDA device's when CUDA is initialised (reading a state
   from an uninitialised CUDA would initialise it, and nothing can have drawn from it);
+- lazy modules not yet initialised (``nn.LazyLinear``): not at all; the build's first run
+  initialises them, as the first eager call would, and that is kept;
 - the modules' plain Python attributes that a forward may change (a call counter, a list it
   appends to): numbers, strings, booleans and None by value, lists, dicts and sets by their
   contents (element identity). With ``python_state_warning`` a change is also a warning: the
@@ -48,12 +50,16 @@ class ModelState:
         self._slots: list[tuple[dict, str, torch.Tensor]] = []
         self._attributes: list[tuple[str, dict, str, Any, Any]] = []
         self._warn = python_state_warning
+        self._lazy: set[int] = set()  # parameters of lazy modules not yet initialised
         seen_modules: set[int] = set()
         for root in modules:
             for path, m in root.named_modules():
                 if id(m) in seen_modules:
                     continue
                 seen_modules.add(id(m))
+                if _uninitialised(m):  # its first call initialises it: that is kept
+                    self._lazy.update(id(p) for p in m.parameters(recurse=False))
+                    continue
                 self._attributes += _plain_attributes(type(root).__name__, path, m)
                 for table in (m._parameters, m._buffers):
                     for name, t in table.items():
@@ -93,7 +99,7 @@ class ModelState:
             if p.grad is not g:
                 p.grad = g
         written = [tuple(p.shape) for p, v in zip(self._params, self._param_versions)
-                   if p._version != v]
+                   if p._version != v and id(p) not in self._lazy]
         if written:
             log.error("%d parameter(s) (shapes %s) were written in place while hiremate ran the "
                       "model; their values were not restored", len(written), written[:3])
@@ -131,6 +137,15 @@ _MISSING = object()
 #: what nn.Module keeps in every instance's ``__dict__`` (its tables and hooks)
 _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _uninitialised(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a lazy module (``nn.LazyLinear``...) whose parameters its first call
+    will create: that call (the build's first run) sets its parameters and attributes and
+    turns it into its plain class, as it would in eager; none of that is put back."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    return isinstance(module, LazyModuleMixin) and module.has_uninitialized_params()
 
 
 def _plain_attributes(root: str, path: str, module: torch.nn.Module
