@@ -53,18 +53,22 @@ def test_functional_copy_of_a_slice_counted_at_its_storage(schedule: str) -> Non
         f"spectral/{schedule}: measured {measured.peak} B, predicted {predicted} B")
 
 
+def _assert_measured_within_prediction(name: str, schedule: str) -> None:
+    graph = graph_of(name)
+    model, sample = get_model(name)
+    remat = RematModule(model, graph, schedules_of(graph)[schedule])
+    measured = hiremate.measure(remat, *split(sample)[0], repeats=1, warmup=0)
+    predicted = remat.predicted.peak
+    assert measured.peak <= predicted * 1.02, (
+        f"{name}/{schedule}: measured {measured.peak} B, predicted {predicted} B")
+
+
 @pytest.mark.parametrize("schedule", ["autodiff", "keep-none"])
 def test_a_kernel_that_keeps_more_than_its_output_is_counted_at_its_storage(schedule: str
                                                                             ) -> None:
     """CPU ``col2im`` (``F.fold``) keeps an output storage the size of its input, 9x its
     result here: counted at the result, the model measured 1.28x its prediction."""
-    graph = graph_of("fold")
-    model, sample = get_model("fold")
-    remat = RematModule(model, graph, schedules_of(graph)[schedule])
-    measured = hiremate.measure(remat, *split(sample)[0], repeats=1, warmup=0)
-    predicted = remat.predicted.peak
-    assert measured.peak <= predicted * 1.02, (
-        f"fold/{schedule}: measured {measured.peak} B, predicted {predicted} B")
+    _assert_measured_within_prediction("fold", schedule)
 
 
 @pytest.mark.parametrize("schedule", ["autodiff", "keep-none"])
@@ -73,13 +77,7 @@ def test_a_temporary_freed_before_a_parameter_gradient_is_counted(schedule: str)
     and then the weight's gradient, larger than it. Parameter gradients are outside the
     budget; counted in the node's own profile, the later gradient hid the temporary, and the
     model measured above its predicted peak (docs/results-history.md, "Stop 67")."""
-    graph = graph_of("scaled_grad")
-    model, sample = get_model("scaled_grad")
-    remat = RematModule(model, graph, schedules_of(graph)[schedule])
-    measured = hiremate.measure(remat, *split(sample)[0], repeats=1, warmup=0)
-    predicted = remat.predicted.peak
-    assert measured.peak <= predicted * 1.02, (
-        f"scaled_grad/{schedule}: measured {measured.peak} B, predicted {predicted} B")
+    _assert_measured_within_prediction("scaled_grad", schedule)
 
 
 def test_deleted_output_gradient_still_counts_until_backward_returns() -> None:
