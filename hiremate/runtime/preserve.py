@@ -107,11 +107,12 @@ class ModelState:
         if self._cuda_rng is not None:
             torch.cuda.set_rng_state_all(self._cuda_rng)
 
-
     def _restore_attributes(self) -> None:
         changed = []
         for where, table, key, value, contents in self._attributes:
             now = table.get(key, _MISSING)
+            if contents is None and _same_scalar(now, value):  # set again to what it was
+                continue
             if now is not value:
                 table[key] = value
             elif contents is not None and not _same_elements(value, contents):
@@ -167,6 +168,12 @@ def _plain_attributes(root: str, path: str, module: torch.nn.Module
         elif type(value) in (list, dict, set):
             kept.append((where, table, key, value, copy.copy(value)))
     return kept
+
+
+def _same_scalar(now: Any, value: Any) -> bool:
+    """Whether an attribute holds the scalar ``value`` again (a float computed anew each call
+    is another object of the same value)."""
+    return now is value or (type(now) is type(value) and now == value)
 
 
 def _same_elements(value: Any, contents: Any) -> bool:
