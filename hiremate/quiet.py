@@ -166,7 +166,7 @@ def show_progress(progress: Any) -> bool:
 
 
 class _ToDebugLog(logging.Filter):
-    """A handler filter that hands each record to this module's debug log instead."""
+    """A logger filter that hands each record to this module's debug log instead."""
 
     def __init__(self, what: str) -> None:
         super().__init__()
@@ -182,9 +182,10 @@ class _ToDebugLog(logging.Filter):
 def diverted_logger(name: str, what: str) -> Iterator[None]:
     """Within the block, records of the logger ``name`` and of its descendants that exist at
     entry go to the debug log (first line only) instead of their handlers. torch writes its
-    log to stderr through a handler of its own, and a failed ``torch.export`` warns there with
-    a dump of the partial graph: noise before the error hiremate raises with the cause. The
-    filter sits on the loggers, not on torch's handler, which torch may replace meanwhile."""
+    log to stderr through a handler of its own, and a failed ``torch.export`` warns there
+    (symbolic shapes: "Unable to find user code ..."): noise before the error hiremate raises
+    with the cause. The filter sits on the loggers, not on torch's handler, which torch may
+    replace meanwhile."""
     divert = _ToDebugLog(what)
     loggers = [logging.getLogger(name)] + [
         logger for key, logger in list(logging.root.manager.loggerDict.items())
