@@ -50,7 +50,7 @@ from hiremate.runtime import structure
 from hiremate.runtime.hooks import user_module_hooks
 from hiremate.runtime.io import in_sample_form, positional_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
-from hiremate.runtime.preserve import preserved
+from hiremate.runtime.preserve import initialise_lazy, preserved
 from hiremate.ir.schedule import Schedule
 from hiremate.composer.whole_step import step_budget
 from hiremate import saved, solving
@@ -135,6 +135,7 @@ class HRockmate(ModelWrapper):
             raise ConfigError("HRockmate needs a budget: bytes, '512MiB', or a fraction (0.5)")
         resolve_budget(budget, reference=1)  # a malformed budget fails before the capture
         self._init_state(budget, loss_fn, model, target, capture_loss)
+        initialise_lazy(model, _traceable(sample))
         step = self._loss_step
         if step is not None:
             sample = step.step_inputs(sample, target)
@@ -266,10 +267,9 @@ class HRockmate(ModelWrapper):
         self._own("_hooks_at_build", user_module_hooks(self._mode_modules))
         if self._hooks_at_build:
             log.warning("%s has %d module hooks (forward or backward): they ran once while "
-                        "capturing, on traced values, "
-                        "and do not run in calls through the schedule (what they return is part "
-                        "of the captured program, what else they do is not)",
-                        type(model).__name__, self._hooks_at_build)
+                        "capturing, on traced values, and do not run in calls through the "
+                        "schedule (what they return is part of the captured program, what else "
+                        "they do is not)", type(model).__name__, self._hooks_at_build)
         if not model.training:
             log.warning("%s is in eval mode: the schedule serves calls in eval mode with autograd "
                         "on; in training mode the model's plain forward runs, without the memory "

@@ -312,20 +312,31 @@ def test_preserved_puts_back_attributes_quietly_outside_a_build(caplog):
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
-def test_a_lazy_module_is_initialised_by_the_build_as_by_its_first_call(caplog):
-    """The build's first run initialises ``nn.LazyLinear``, as eager's first call would. Before,
-    the build logged its parameters as written in place, and put back the attributes the
-    initialisation had set (a ``Linear`` with ``in_features`` 0)."""
+def _lazy_net() -> nn.Module:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 2)).double()
-    x = torch.randn(5, 6, dtype=torch.float64)
+    return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.ReLU(), nn.Flatten(),
+                         nn.LazyLinear(2)).double()
+
+
+def test_lazy_modules_are_initialised_before_the_build_as_by_their_first_call(caplog):
+    """Lazy modules have no parameters to trace until their first call. Before, a lazy
+    BatchNorm or convolution failed the capture ("Attempted to use an uninitialized
+    parameter"), and a lone ``LazyLinear`` was initialised by the build's runs with an
+    error-level log calling its parameters written in place. One eval-mode forward without
+    autograd now initialises them first: the parameters are those of eager's first call, no
+    buffer moves, the global generator is left where it was."""
+    model, eager = _lazy_net(), _lazy_net()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    rng = torch.get_rng_state()
     with caplog.at_level("WARNING", logger="hiremate"):
         wrapped = HRockmate(model, x, 1.0)
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
-    assert type(model[0]) is nn.Linear and model[0].in_features == 6
-    eager = copy.deepcopy(model)
+    assert torch.equal(rng, torch.get_rng_state()) and model.training
+    assert type(model[4]) is nn.Linear and model[4].in_features == 64
+    assert int(model[1].num_batches_tracked) == 0
     wrapped(x).sum().backward()
-    eager(x).sum().backward()
+    eager(x).sum().backward()  # its first call initialises it from the same generator state
     assert wrapped.recaptures == 0
     for a, b in zip(model.parameters(), eager.parameters()):
-        assert torch.equal(a.grad, b.grad)
+        assert torch.equal(a, b) and torch.allclose(a.grad, b.grad, rtol=1e-12, atol=0)
+    assert torch.allclose(model[1].running_mean, eager[1].running_mean, rtol=1e-12, atol=0)

@@ -21,8 +21,8 @@ What is kept, and how:
 - ``.grad`` of every parameter, by reference;
 - the CPU generator's state, and each CUDA device's when CUDA is initialised (reading a state
   from an uninitialised CUDA would initialise it, and nothing can have drawn from it);
-- lazy modules not yet initialised (``nn.LazyLinear``): not at all; the build's first run
-  initialises them, as the first eager call would, and that is kept;
+- lazy modules not yet initialised (``nn.LazyLinear``): not at all (:func:`initialise_lazy`
+  initialises them before a build; a run inside the block may, and that is kept);
 - the modules' plain Python attributes that a forward may change (a call counter, a list it
   appends to): numbers, strings, booleans and None by value, lists, dicts and sets by their
   contents (element identity). With ``python_state_warning`` a change is also a warning: the
@@ -140,6 +140,32 @@ _MODULE_KEYS = frozenset(torch.nn.Module().__dict__)
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 
+def initialise_lazy(model: torch.nn.Module, sample: Any) -> None:
+    """Initialise ``model``'s lazy modules (``nn.LazyLinear``, ``nn.LazyBatchNorm2d``...) by one
+    forward on ``sample``, as torch asks ("call forward with a dummy batch") and as their first
+    eager call would: the capture cannot trace parameters that do not exist yet. The forward
+    runs in eval mode without autograd, so no buffer is updated and nothing is recorded; the
+    random numbers the initialisation draws are eager's first call's, and the global generator
+    is left where it was."""
+    lazy = [name for name, m in model.named_modules() if _uninitialised(m)]
+    if not lazy:
+        return
+    from hiremate.graphbuilder.capture import normalise_sample, training_call
+
+    args, kwargs = training_call(model, *normalise_sample(sample))
+    modules = list(model.modules())
+    modes = [m.training for m in modules]
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(*args, **kwargs)
+    finally:
+        for m, mode in zip(modules, modes):
+            m.training = mode
+    log.info("initialised %d lazy module(s) (%s) with one forward on the sample, as their "
+             "first call would", len(lazy), ", ".join(lazy[:3]))
+
+
 def _uninitialised(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a lazy module (``nn.LazyLinear``...) whose parameters its first call
     will create: that call (the build's first run) sets its parameters and attributes and
@@ -208,4 +234,4 @@ def preserved(*modules: torch.nn.Module, python_state_warning: bool = False
         state.restore()
 
 
-__all__ = ["ModelState", "preserved"]
+__all__ = ["ModelState", "initialise_lazy", "preserved"]
