@@ -156,7 +156,7 @@ def initialise_lazy(model: torch.nn.Module, sample: Any) -> None:
     modules = list(model.modules())
     modes = [m.training for m in modules]
     try:
-        model.eval()
+        model.train(False)  # eval mode
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(*args, **kwargs)
     finally:
