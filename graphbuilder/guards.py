@@ -224,12 +224,15 @@ def check_static_sizes(gm: torch.fx.GraphModule, made_at: tuple[str, str] | None
                 "the wrapped model")
 
 
+#: path parts of frames that are not the model's own code (torch, hiremate, their plumbing)
+_NOT_THE_MODELS = ("/torch/", "/hiremate/", "/graphbuilder/", "/contextlib.py", "/functools.py")
+
+
 def _user_frame() -> str:
     """``file:line (code)`` of the innermost frame outside torch and hiremate: the model's own
     line that asked for the value."""
-    skip = ("/torch/", "/hiremate/", "/graphbuilder/", "/contextlib.py", "/functools.py")
     for frame in reversed(traceback.extract_stack()):
-        if not any(s in frame.filename for s in skip):
+        if not any(s in frame.filename for s in _NOT_THE_MODELS):
             return f"{frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
     return "an unknown line"
 
@@ -264,8 +267,7 @@ def _data_dependent_reason(exc: BaseException) -> str | None:
     if not isinstance(exc, _data_dependent_kinds()):
         return None
     frames = traceback.extract_tb(exc.__traceback__)
-    skip = ("/torch/", "/hiremate/", "/graphbuilder/", "/contextlib.py", "/functools.py")
-    user = max((i for i, f in enumerate(frames) if not any(s in f.filename for s in skip)
+    user = max((i for i, f in enumerate(frames) if not any(s in f.filename for s in _NOT_THE_MODELS)
                 and not f.filename.startswith("<eval_with_key>")), default=None)
     if user is None:
         where = "a line the capture did not see"

@@ -100,14 +100,19 @@ def silenced_fds(fds: tuple[int, ...] = (1, 2), what: str = "native code") -> It
                     os.close(copy)
                 saved.clear()
                 sink.seek(0)
-                for line in sink.read().decode(errors="replace").splitlines():
-                    if line.strip():
-                        log.debug("%s: %s", what, line.rstrip())
+                _debug_lines(what, sink.read().decode(errors="replace"))
         finally:
             for fd, copy in saved:  # only when swapping the descriptors failed half-way
                 os.dup2(copy, fd)
                 os.close(copy)
             sink.close()
+
+
+def _debug_lines(what: str, text: str) -> None:
+    """Each non-blank line of ``text`` (diverted console output) to the debug log."""
+    for line in text.splitlines():
+        if line.strip():
+            log.debug("%s: %s", what, line.rstrip())
 
 
 class QuietContext:
@@ -209,6 +214,4 @@ def diverted_stderr(what: str) -> Iterator[None]:
         try:
             yield
         finally:
-            for line in sink.getvalue().splitlines():
-                if line.strip():
-                    log.debug("%s: %s", what, line.rstrip())
+            _debug_lines(what, sink.getvalue())
