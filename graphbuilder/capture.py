@@ -523,8 +523,9 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
     # under two names, tracing left fake tensors in the user's model: put back every one
     held = [(m, table, name, t) for m in module.modules()
             for table in (m._parameters, m._buffers) for name, t in list(table.items())]
-    roles: list[tuple[str, int | None]] = (
-        [("param", None)] * (len(params) + len(frozen)) + [("buffer", None)] * len(buffers)
+    roles: list[tuple[str, int | str | None]] = (
+        [("param", name) for name in [*params, *frozen]]
+        + [("buffer", name) for name in buffers]
         + [("input", i) if not g else ("grad_input", None) for i, g in enumerate(needs_grad)]
         + [("tangent", None)] * len(tangents))
     recorder = BranchRecorder(roles, [t.detach() for t in input_tensors], original)

@@ -120,13 +120,8 @@ class BranchRecorder(TorchFunctionMode):
             if n.op == "call_function" and op_kind(n.target).random:
                 raise GraphCaptureError(self._random_message(where, n))
             if n.op == "placeholder" and role.get(n.name, ("?", None))[0] != "input":
-                raise GraphCaptureError(
-                    f"the forward branches on the value of a tensor ({asked}) at {where}, and "
-                    f"that value depends on {_describe(role.get(n.name))}: a traced program "
-                    "cannot follow a branch on an activation. Rewrite the branch without "
-                    "asking for the tensor's value (torch.where, masking), or keep it outside "
-                    "the wrapped model"
-                )
+                raise GraphCaptureError(_changing_value_message(
+                    func, asked if n is not node else "", where, role.get(n.name)))
         inputs = {n.name: role[n.name][1] for n in needed if n.op == "placeholder"}
         with _disable_current_modes():  # a constant's value read under the tracer is symbolic
             ops = tuple(_record(n, root) for n in needed if n.op == "call_function")
@@ -194,11 +189,29 @@ def guard_to_dict(guard: Guard) -> dict[str, Any]:
             "convert": guard.convert}
 
 
-def _describe(role: tuple[str, int | None] | None) -> str:
-    kind = role[0] if role else "?"
-    return {"param": "the parameters", "buffer": "a buffer of the model",
-            "grad_input": "an input that needs a gradient",
-            "tangent": "an output's gradient"}.get(kind, "a value hiremate cannot check per call")
+def _changing_value_message(func: Any, asked: str, where: str,
+                            role: tuple[str, int | str | None] | None) -> str:
+    """Why the forward cannot ask for a value that depends on ``role`` (a placeholder that is
+    not an input the executor can check per call), and what to write instead."""
+    kind, name = role if role else ("?", None)
+    source = {"param": f"the parameter {name!r}", "buffer": f"the buffer {name!r}",
+              "grad_input": "an input that needs a gradient",
+              "tangent": "an output's gradient"}.get(kind, "a value hiremate cannot check per call")
+    call = {"__bool__": "", "__int__": "int()", "__float__": "float()", "__index__": "an index",
+            "item": ".item()", "tolist": ".tolist()"}.get(func.__name__, func.__name__)
+    asking = (f"reads the value of a tensor into Python ({call})" if call else
+              "branches on the value of a tensor")
+    of = f" ({asked})" if asked else ""
+    if kind == "buffer":
+        why = ("a buffer may change from one call to the next (a step counter, a queue's "
+               "position), and a captured program keeps the value it had at the build. Keep "
+               "the value in a tensor (index with a tensor: index_copy, torch.where, "
+               "masking), or keep that step outside the wrapped model")
+    else:
+        why = ("such a value changes as the model trains, and a traced program cannot "
+               "follow a branch on it. Rewrite the branch without asking for the tensor's "
+               "value (torch.where, masking), or keep it outside the wrapped model")
+    return f"the forward {asking}{of} at {where}, and that value depends on {source}: {why}"
 
 
 def _sized_by_values(value: Any) -> bool:

@@ -173,3 +173,33 @@ def test_a_forward_that_converts_a_submodule_is_refused_by_name():
                                                 r"torch\.float32"):
         hiremate.build_graph(_CastsItsRouter().double(), torch.randn(4, 6, dtype=torch.float64),
                              cost_model="flops")
+
+
+class PhysicsInformed(nn.Module):
+    """A physics-informed network's residual: the output's derivative by the input, taken
+    inside the forward with ``create_graph=True``, so the training step differentiates twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(2, 16)
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x):
+        x = x.detach().requires_grad_(True)
+        u = self.out(torch.tanh(self.hidden(x)))
+        du, = torch.autograd.grad(u.sum(), x, create_graph=True)
+        return du.pow(2).sum(-1) - u.squeeze(-1)
+
+
+@pytest.mark.parametrize("schedule", ["autodiff", "keep-none"])
+def test_a_forward_that_differentiates_inside_itself_trains_as_eager(schedule):
+    """The wrapper read the output's structure from a run without autograd, where the
+    forward's own ``autograd.grad`` failed ("element 0 of tensors does not require grad")."""
+    torch.manual_seed(0)
+    model = PhysicsInformed().double()
+    sample = torch.randn(10, 2, dtype=torch.float64)
+    graph = hiremate.build_graph(model, sample, cost_model="flops")
+    _assert_same_training_step(model, sample, schedule=schedules_of(graph)[schedule],
+                               graph=graph)
+    wrapped = hiremate.HRockmate(model, sample, 0.98, config={"cost_model": "flops"})
+    assert wrapped(sample).shape == (10,)

@@ -102,3 +102,32 @@ def test_an_output_class_pytree_cannot_open_is_refused_with_the_fix():
         assert torch.allclose(model.lin.weight.grad, eager.lin.weight.grad)
     finally:
         pytree._deregister_pytree_node(Heads)
+
+
+class QueuePointer(nn.Module):
+    """MoCo's queue: a buffer's value read into Python to slice where the next keys go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("queue", torch.zeros(8, 16))
+        self.register_buffer("ptr", torch.zeros(1, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keys = self.lin(x)
+        p = int(self.ptr)  # the line named
+        self.queue[:, p:p + 4] = keys.detach().T
+        self.ptr[0] = (p + 4) % 16
+        return (keys @ self.queue).sum()
+
+
+def test_a_value_read_from_a_buffer_names_the_buffer_and_the_call():
+    """Said before: "branches on the value of a tensor (b_2) ... depends on a buffer of the
+    model: a traced program cannot follow a branch on an activation"."""
+    torch.manual_seed(0)
+    with pytest.raises(GraphCaptureError) as info:
+        HRockmate(QueuePointer(), torch.randn(4, 8), 0.6)
+    text = str(info.value)
+    assert "reads the value of a tensor into Python (int())" in text
+    assert "the buffer 'ptr'" in text and "the line named" in text
+    assert "activation" not in text.split("export:")[0]

@@ -210,7 +210,9 @@ def _fake_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         with torch.no_grad():
             fake_state = {k: mode.from_tensor(v) for k, v in state.items()}
             fake_in = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
-            with mode:
+            # with autograd on: a forward may differentiate inside itself (a physics-informed
+            # network's derivative of its output by its input), and fake tensors cost nothing
+            with mode, torch.enable_grad():
                 out = torch.func.functional_call(model, fake_state, fake_in[0], fake_in[1])
     finally:
         for m, table, name, t in held:
@@ -223,8 +225,14 @@ def _real_spec(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            out = model(*args, **kwargs)
+        with torch.random.fork_rng(devices=devices):
+            try:
+                with torch.no_grad():
+                    out = model(*args, **kwargs)
+            except RuntimeError:  # a forward that differentiates inside itself needs autograd
+                log.debug("the forward failed without autograd; running it with autograd",
+                          exc_info=True)
+                out = model(*args, **kwargs)
     finally:
         with torch.no_grad():
             for b, saved in buffers:
