@@ -218,7 +218,8 @@ def assemble(cap: JointCapture, grp: Grouping, costs: dict[str, OpCost],
                                      uncounted))
     graph_meta = dict(meta)
     graph_meta.update({
-        "output_values": [o if isinstance(o, str) else {"const": encode_arg(o)} for o in grp.outputs],
+        "output_values": [o if isinstance(o, str) else {"const": encode_arg(o.value)}
+                          for o in grp.outputs],
         "grad_values": grad_values,
         "fwd_ops_before": grp.n_fwd_ops,
         "mutated_buffers": sorted({m for g in groups for m in g.mutates}),

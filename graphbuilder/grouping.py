@@ -62,9 +62,18 @@ class Grouping:
     source_kind: dict[str, DataKind]    # placeholder name -> kind
     source_label: dict[str, str]        # placeholder name -> parameter/buffer name or input path
     tangents: list[str]
-    outputs: list[Any]                  # flat model outputs: value names or constants
+    outputs: list[str | ConstantOutput]  # flat model outputs: value names or constants
     grads: list[str | None]             # per parameter needing grad, then per input needing grad
     n_fwd_ops: int = 0
+
+
+
+@dataclass(frozen=True)
+class ConstantOutput:
+    """A flat model output that the program does not compute (an int, a string, None), kept by
+    value and apart from the value names, which are strings as well."""
+
+    value: Any
 
 
 def group_joint(cap: JointCapture) -> Grouping:
@@ -226,7 +235,7 @@ def group_joint(cap: JointCapture) -> Grouping:
     out_node = next(n for n in graph.nodes if n.op == "output")
     results = list(out_node.args[0])
     flat_outs, grads = results[:cap.n_outputs], results[cap.n_outputs:]
-    outputs = [rename.get(o.name, o.name) if isinstance(o, torch.fx.Node) else o
+    outputs = [rename.get(o.name, o.name) if isinstance(o, torch.fx.Node) else ConstantOutput(o)
                for o in flat_outs]
     grad_names = [rename.get(g.name, g.name) if isinstance(g, torch.fx.Node) else None
                   for g in grads]

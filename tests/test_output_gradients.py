@@ -237,3 +237,36 @@ def test_the_measured_loss_is_the_scalar_output_when_there_is_one():
     assert loss_of((logits,)).item() == 12.0
     # named outputs without a "loss" entry (an auxiliary loss beside the logits): all of them
     assert loss_of({"aux_loss": scalar, "logits": logits}).item() == 14.0
+
+
+class ExpandedAndLabelled(nn.Module):
+    """Outputs the capture must give back as they are: an expanded view (a row broadcast over
+    columns, which overlaps itself) and, beside it, a string, an int and None."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        row = self.lin(x)[:, :1]
+        return {"wide": row.expand(-1, 8), "name": "wide", "steps": 3, "none": None}
+
+
+def test_an_expanded_output_and_a_string_beside_it_train_as_eager():
+    """A string output was read as the name of a program value (``KeyError: 'wide'`` at the
+    build); an expanded output's incoming gradient was copied into a tensor laid out like the
+    output, which overlaps itself (a ``RuntimeError`` in the backward)."""
+    torch.manual_seed(0)
+    model = ExpandedAndLabelled().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(5, 8, dtype=torch.float64)
+    weights = torch.arange(8, dtype=torch.float64)
+    wrapped = HRockmate(model, x, 1.0, config={"cost_model": "flops"})
+    out, ref = wrapped(x), eager(x)
+    assert {k: v for k, v in out.items() if k != "wide"} == {"name": "wide", "steps": 3,
+                                                               "none": None}
+    (out["wide"] * weights).sum().backward()
+    (ref["wide"] * weights).sum().backward()
+    torch.testing.assert_close(out["wide"], ref["wide"], rtol=1e-12, atol=0)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-14)

@@ -461,7 +461,10 @@ class _RematFunction(torch.autograd.Function):
         watched = inputs + params + [o for o in outs if any(o is t for t in saved)]
         ctx.versions = (watched, [t._version for t in watched])
         ctx.set_materialize_grads(False)
-        ctx.out_meta = [(o.shape, o.dtype, o.stride()) for o in outs]
+        # the layout of the trace's tangent, made by zeros_like: the output's own strides, or
+        # dense ones where the output overlaps itself (an expanded output) or has gaps
+        ctx.out_meta = [(o.shape, o.dtype, torch.empty_like(o, device="meta").stride())
+                        for o in outs]
         # the caller gets aliases, so that no returned tensor is referenced by the context
         results = tuple(o.detach() for o in outs)
         diff = set(module._tangent_pos) | set(module._untangented_pos)
