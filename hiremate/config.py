@@ -279,13 +279,21 @@ def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
     parameters are merged into the base's, so that ``solver_params={"hilp": {"work_limit":
     1000}}`` raises one limit and keeps the preset's other H-ILP parameters (its ``max_nodes``,
     for one) and every other solver's. To drop a preset's parameter, pass the whole
-    configuration (a dict or a :class:`Config`) instead."""
+    configuration (a :class:`Config`, or a dict of every key) instead.
+
+    A dict that chooses no solvers (no key of :data:`SOLVER_KEYS`) changes the default preset,
+    as overrides do: ``HRockmate(..., config={"cost_model": "flops"})`` is the default preset
+    with FLOP costs (from Config's bare defaults it would be another set of solvers, minutes
+    slower on a small model). A dict that chooses solvers, or names every key
+    (``Config.to_dict()``), is a configuration of its own, from those bare defaults. A ``base``
+    key says which: a preset's name to change that preset, None for the bare defaults. A YAML
+    file is a configuration of its own, like the presets in configs/."""
     if config is None:
         config = "hiremate"
     if isinstance(config, Config):
         base = config
     elif isinstance(config, Mapping):
-        base = Config.from_dict(config)
+        base = _from_mapping(config)
     elif isinstance(config, (str, Path)):
         text = str(config)
         preset = PRESET_DIR / f"{text}.yaml"
@@ -303,6 +311,27 @@ def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
         overrides["solver_params"] = merge_mappings(base.solver_params,
                                                     overrides["solver_params"])
     return base.replace(**overrides) if overrides else base.replace()
+
+
+#: the keys that choose solvers: a dict naming one of them is a configuration of its own
+SOLVER_KEYS = ("partitioner", "flat", "bottom", "middle", "middle_flat", "top", "sequence_top",
+               "polish")
+
+
+def _from_mapping(data: Mapping[str, Any]) -> Config:
+    """A dict's configuration (see :func:`load_config`): the bare defaults under its keys when
+    it chooses solvers, names every key or says ``base: None``; else the preset its ``base``
+    names (the default preset when it names none) under its keys."""
+    data = dict(data)
+    whole = (any(k in data for k in SOLVER_KEYS)
+             or all(f.name in data for f in dataclasses.fields(Config)))
+    base = data.pop("base", None if whole else "hiremate")
+    if base is None:
+        return Config.from_dict(data)
+    if not isinstance(base, str) or not (PRESET_DIR / f"{base}.yaml").is_file():
+        raise ConfigError(f"the configuration's base must be a preset name or None, got "
+                          f"{base!r}; presets: {', '.join(preset_names())}")
+    return load_config(base, **data)
 
 
 def merge_mappings(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
