@@ -22,6 +22,22 @@ from hiremate.graphbuilder.guards import guard_to_dict
 log = logging.getLogger(__name__)
 
 
+def check_model(model: Any, caller: str) -> None:
+    """Refuse what no capture can run: an object that is not a module, and a module whose
+    parameters or buffers are on the meta device (shapes without values, as
+    ``torch.device("meta")`` or an empty-weights loader leaves them)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"{caller} takes a torch.nn.Module, got {type(model).__name__}; wrap "
+                          "a function in a module whose forward calls it")
+    on_meta = [name for name, t in (*model.named_parameters(), *model.named_buffers())
+               if t.is_meta]
+    if on_meta:
+        raise GraphCaptureError(
+            f"the model's {on_meta[0]!r} ({len(on_meta)} tensor(s) in all) is on the meta "
+            "device: it has a shape but no values to run. Materialise the model first "
+            "(model.to_empty(device=...) and initialise it, or load its weights)")
+
+
 def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
                 repeats: int = 7, cache_dir: str | None = None,
                 output_gradients: str = "all") -> Graph:
@@ -37,8 +53,7 @@ def build_graph(model: torch.nn.Module, sample: Any, cost_model: str = "auto",
     ``"scalars"`` (:data:`~hiremate.graphbuilder.capture.OUTPUT_GRADIENTS`); the others are
     listed in ``meta["untangented_outputs"]``.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"build_graph expects an nn.Module, got {type(model).__name__}")
+    check_model(model, "build_graph")
     check_cost_model(cost_model)
     _check_devices(model, sample)
     start = time.perf_counter()

@@ -28,25 +28,23 @@ than the build's runs the plain forward: build inside the autocast context train
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.utils._pytree as pytree
 
 from hiremate.ir.budget import resolve_budget
 from hiremate.config import Config, load_config
 from hiremate.errors import (ConfigError, GraphCaptureError, HiremateError, InfeasibleBudgetError,
                              InputMismatchError, ModelChangedError)
 from hiremate.ir.graph import DataKind, Graph, same_program
-from hiremate.graphbuilder.build import autocast_dtype
+from hiremate.graphbuilder.build import autocast_dtype, check_model
 from hiremate.graphbuilder.capture import is_capturing
 from hiremate.runtime import structure
+from hiremate.runtime.building import trainable_build, traceable, training_modes
 from hiremate.runtime.hooks import user_module_hooks
 from hiremate.runtime.io import in_sample_form, positional_sample
 from hiremate.runtime.loss_step import TARGET_KEYWORD, LossStep, check_loss_fn
@@ -58,26 +56,6 @@ from hiremate.solving import Built, solve_graph  # noqa: F401 (solve_graph: this
 from hiremate.wrapper import ModelWrapper
 
 log = logging.getLogger(__name__)
-
-
-def _trainable_build() -> contextlib.ExitStack:
-    """Autograd on and inference mode off while building: a wrapper built (or captured again)
-    under ``no_grad`` or ``inference_mode`` is still made for training."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.inference_mode(False))
-    stack.enter_context(torch.enable_grad())
-    return stack
-
-
-def _traceable(sample: Any) -> Any:
-    """``sample`` with its inference-mode tensors copied: those cannot be traced, copies can."""
-    return pytree.tree_map_only(torch.Tensor, lambda t: t.clone() if t.is_inference() else t,
-                                dict(sample) if isinstance(sample, Mapping) else sample)
-
-
-def _modes(model: torch.nn.Module) -> list[bool]:
-    """Every module's training flag, in ``modules()`` order: the mode a graph was captured in."""
-    return [m.training for m in model.modules()]
 
 
 class HRockmate(ModelWrapper):
@@ -131,18 +109,19 @@ class HRockmate(ModelWrapper):
                  capture_loss: bool = True, **overrides: Any):
         super().__init__()
         cfg = load_config(config, **overrides)
+        check_model(model, "HRockmate")
         if budget is None:
             raise ConfigError("HRockmate needs a budget: bytes, '512MiB', or a fraction (0.5)")
         resolve_budget(budget, reference=1)  # a malformed budget fails before the capture
         self._init_state(budget, loss_fn, model, target, capture_loss)
-        initialise_lazy(model, _traceable(sample))
+        initialise_lazy(model, traceable(sample))
         step = self._loss_step
         if step is not None:
             sample = step.step_inputs(sample, target)
         runs = self._runs(model)
         try:
-            with _trainable_build(), preserved(runs, python_state_warning=True):
-                built = self._build(runs, cfg, _traceable(sample), budget)
+            with trainable_build(), preserved(runs, python_state_warning=True):
+                built = self._build(runs, cfg, traceable(sample), budget)
         except GraphCaptureError as exc:
             if step is not None and step.output_error is not None:
                 raise step.output_error from exc
@@ -260,7 +239,7 @@ class HRockmate(ModelWrapper):
         # the executor is not a registered submodule: the model is not re-registered under it,
         # and the state-dict keys stay the model's
         self._own("executor", built.executor)
-        self._own("_built_modes", _modes(model) if modes is None else modes)
+        self._own("_built_modes", training_modes(model) if modes is None else modes)
         # read at every call: walking a list costs less than walking modules() again
         self._own("_mode_modules", list(model.modules()))
         self._own("_mode_notes", set())
@@ -376,8 +355,8 @@ class HRockmate(ModelWrapper):
         untouched (a call under no_grad or inference_mode too: :func:`_trainable_build`)."""
         model = self._runs(self.wrapped_model)
         sample = tuple(args) if args else dict(kwargs)
-        with _trainable_build(), preserved(model, python_state_warning=True):
-            return self._build(model, cfg or self.hiremate_config, _traceable(sample),
+        with trainable_build(), preserved(model, python_state_warning=True):
+            return self._build(model, cfg or self.hiremate_config, traceable(sample),
                                self._budget_arg, variant=variant)
 
     def _take_over(self, args: tuple, kwargs: dict, cfg: Config) -> Built:
@@ -582,7 +561,7 @@ class HRockmate(ModelWrapper):
         structure.check_saved_model(file.model, self._runs(model), path)
         modes = file.training_modes
         # the flags the graph was captured with, where the file has them for this architecture
-        modes = [bool(m) for m in modes] if modes and len(modes) == len(_modes(model)) else None
+        modes = [bool(m) for m in modes] if modes and len(modes) == len(training_modes(model)) else None
         executor = self._make_executor(self._runs(model), file.graph, tuple(file.schedule),
                                        file.config)
         self._adopt(model, Built(file.graph, tuple(file.schedule), file.report, executor),

@@ -61,6 +61,11 @@ class ConfigError(HiremateError, ValueError):
     """A configuration (preset, YAML file, dict, keyword or budget) is malformed."""
 
 
+class FileAccessError(ConfigError, OSError):
+    """A file hiremate was asked to write or read (a saved module) could not be: an
+    :class:`OSError` as well, for code that catches those."""
+
+
 class InputMismatchError(HiremateError, ValueError, TypeError):
     """A call's inputs differ from the sample the schedule was built for (in structure, which
     a caller may catch as a ``TypeError``, or in shape and dtype, a ``ValueError``)."""

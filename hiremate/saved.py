@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hiremate.config import Config
-from hiremate.errors import ConfigError
+from hiremate.errors import ConfigError, FileAccessError
 from hiremate.ir.graph import Graph
 from hiremate.ir.schedule import Schedule, schedule_from_list, schedule_to_list
 from hiremate.ir.simulator import simulate
@@ -41,7 +41,12 @@ def write(path: str | Path, graph: Graph, schedule: Schedule, report: dict[str, 
         "report": report, "config": config.to_dict(), "budget_arg": budget_arg,
         "training_modes": list(training_modes), "loss": loss, "model": model,
     }
-    Path(path).write_text(json.dumps(payload, default=float))
+    text = json.dumps(payload, default=float)
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise FileAccessError(f"cannot save the HRockmate to {path}: {exc}; give a path in an "
+                              "existing folder that can be written") from exc
 
 
 def read(path: str | Path, has_loss_fn: bool) -> Saved:
@@ -50,7 +55,9 @@ def read(path: str | Path, has_loss_fn: bool) -> Saved:
     the other way round)."""
     try:
         payload = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except OSError as exc:
+        raise FileAccessError(f"cannot read a saved HRockmate from {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
         raise ConfigError(f"cannot read a saved HRockmate from {path}: {exc}") from exc
     if payload.get("format") != SAVE_FORMAT:
         raise ConfigError(f"{path} has format {payload.get('format')!r}; this hiremate reads "

@@ -57,6 +57,7 @@ def test_every_error_is_a_hiremate_error_and_a_builtin_one():
     (errors.InvalidGraphError, ValueError), (errors.InvalidScheduleError, ValueError),
     (errors.InputMismatchError, ValueError), (errors.InputMismatchError, TypeError),
     (errors.FormatError, ValueError), (errors.SolverError, RuntimeError),
+    (errors.FileAccessError, OSError), (errors.FileAccessError, ValueError),
     (errors.GraphCaptureError, RuntimeError), (errors.ExecutionError, RuntimeError),
     (errors.BackwardTwiceError, RuntimeError), (errors.DoubleBackwardError, RuntimeError),
     (errors.ModifiedInPlaceError, RuntimeError), (errors.ModelChangedError, RuntimeError),

@@ -120,6 +120,35 @@ def test_sample_on_another_device(mlp):
         HRockmate(model, x.to("meta"), 1.0, **FAST)
 
 
+def test_a_model_that_is_not_a_module_or_has_no_values_is_refused_before_the_capture(mlp):
+    """Before: a bare ``AttributeError`` ('function' object has no attribute 'named_modules'),
+    and torch's ``RuntimeError: unsupported scalarType`` for a model on the meta device."""
+    model, x = mlp
+    with pytest.raises(ConfigError, match="HRockmate takes a torch.nn.Module, got function"):
+        HRockmate(lambda t: model(t), x, 1.0, **FAST)
+    with torch.device("meta"):
+        empty = MLP().double()
+    with pytest.raises(GraphCaptureError, match=r"is on the meta device: it has a shape but no "
+                       r"values to run\. Materialise the model first"):
+        HRockmate(empty, x.to("meta"), 1.0, **FAST)
+    with pytest.raises(GraphCaptureError, match="on the meta device"):
+        hiremate.build_graph(empty, x.to("meta"), cost_model="flops")
+
+
+def test_saving_to_a_folder_that_does_not_exist_says_so(mlp, tmp_path):
+    """Before: a bare ``FileNotFoundError`` from ``Path.write_text``."""
+    from hiremate.errors import FileAccessError
+
+    model, x = mlp
+    wrapped = HRockmate(model, x, 1.0, **FAST)
+    target = tmp_path / "missing" / "module.json"
+    with pytest.raises(FileAccessError, match="cannot save the HRockmate to .*missing") as info:
+        wrapped.save(target)
+    assert isinstance(info.value, OSError) and isinstance(info.value, ConfigError)
+    with pytest.raises(FileAccessError, match="cannot read a saved HRockmate"):
+        HRockmate.load(model, target)
+
+
 # -- budgets ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("budget, message", [
     (0, "budget 0 bytes must be positive"),
