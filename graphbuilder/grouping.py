@@ -339,10 +339,13 @@ def _inplace(node, o, kind, group_of_node, producer, readers, source_kind, sourc
     """An in-place write: into a buffer (recorded as a mutation) or into an activation."""
     if o in source_kind:
         if source_kind[o] is not DataKind.BUFFER:
+            where = (" (a key path of (args, kwargs): [0][0] is the first positional argument)"
+                     if source_kind[o] is DataKind.INPUT else "")
             raise GraphCaptureError(
                 f"op {node.name} ({schema_name(node.target)}) writes into the "
-                f"{source_kind[o].value} {source_label[o]!r} in place; hiremate cannot replay "
-                "such writes: make the model write out of place"
+                f"{source_kind[o].value} {source_label[o]!r}{where} in place; hiremate cannot "
+                "replay such writes: make the model write into a copy (x = x.clone() first, or "
+                "the out-of-place form of the op)"
             )
         g = _writer_home(node, producer, read_owners, phase)
         if g is None:
