@@ -120,6 +120,9 @@ def capture(model: torch.nn.Module, sample: Any, output_gradients: str = "all") 
     tried = "; ".join(f"{p}: {why}" for p, why in attempts.items())
     if len(attempts) > 1 and len(set(attempts.values())) == 1:  # the same cause, said once
         tried = f"every path: {next(iter(attempts.values()))}"
+    if isinstance(sample, list) and "positional argument" in tried:
+        tried += ("; the sample is a list, which gives the positional arguments as a tuple "
+                  "does: pass ([...],) for a forward that takes the list as one argument")
     raise GraphCaptureError(
         f"could not capture {type(model).__name__}: every capture path failed ({tried})",
         attempts=attempts,

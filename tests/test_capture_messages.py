@@ -131,3 +131,21 @@ def test_a_value_read_from_a_buffer_names_the_buffer_and_the_call():
     assert "reads the value of a tensor into Python (int())" in text
     assert "the buffer 'ptr'" in text and "the line named" in text
     assert "activation" not in text.split("export:")[0]
+
+
+class TakesAList(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, parts: list) -> torch.Tensor:
+        return sum(self.lin(p) for p in parts).sum()
+
+
+def test_a_list_sample_for_a_forward_that_takes_one_list_says_how_to_pass_it():
+    parts = [torch.randn(4, 8), torch.randn(4, 8)]
+    with pytest.raises(GraphCaptureError, match=r"the sample is a list, which gives the "
+                       r"positional arguments as a tuple does: pass \(\[\.\.\.\],\)"):
+        HRockmate(TakesAList(), parts, 0.9)
+    wrapped = HRockmate(TakesAList(), (parts,), 1.0, cost_model="flops")
+    assert wrapped(parts).shape == ()

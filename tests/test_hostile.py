@@ -140,7 +140,7 @@ def test_saving_to_a_folder_that_does_not_exist_says_so(mlp, tmp_path):
     from hiremate.errors import FileAccessError
 
     model, x = mlp
-    wrapped = HRockmate(model, x, 1.0, **FAST)
+    wrapped = HRockmate(model, x, 1.0, cost_model="flops", **FAST)
     target = tmp_path / "missing" / "module.json"
     with pytest.raises(FileAccessError, match="cannot save the HRockmate to .*missing") as info:
         wrapped.save(target)
