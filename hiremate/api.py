@@ -561,7 +561,8 @@ class HRockmate(ModelWrapper):
         structure.check_saved_model(file.model, self._runs(model), path)
         modes = file.training_modes
         # the flags the graph was captured with, where the file has them for this architecture
-        modes = [bool(m) for m in modes] if modes and len(modes) == len(training_modes(model)) else None
+        fits = modes and len(modes) == len(training_modes(model))
+        modes = [bool(m) for m in modes] if fits else None
         executor = self._make_executor(self._runs(model), file.graph, tuple(file.schedule),
                                        file.config)
         self._adopt(model, Built(file.graph, tuple(file.schedule), file.report, executor),
