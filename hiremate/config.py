@@ -283,8 +283,8 @@ def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
 
     A dict that chooses no solvers (no key of :data:`SOLVER_KEYS`) changes the default preset,
     as overrides do: ``HRockmate(..., config={"cost_model": "flops"})`` is the default preset
-    with FLOP costs (from Config's bare defaults it would be another set of solvers, minutes
-    slower on a small model). A dict that chooses solvers, or names every key
+    with FLOP costs (from Config's bare defaults it would be another set of solvers, much
+    slower to solve). A dict that chooses solvers, or names every key
     (``Config.to_dict()``), is a configuration of its own, from those bare defaults. A ``base``
     key says which: a preset's name to change that preset, None for the bare defaults. A YAML
     file is a configuration of its own, like the presets in configs/."""
