@@ -255,11 +255,8 @@ class Config:
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":
-        try:
-            data = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read a configuration from {path}: {exc}") from exc
-        return cls.from_dict(data or {})
+        """The file's configuration, whole (as the presets in configs/ are read)."""
+        return cls.from_dict(_read_yaml(path))
 
     def solver_key(self, name: str) -> dict[str, Any]:
         """What identifies a solver's output: its name and parameters (menu cache key)."""
@@ -287,7 +284,8 @@ def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
     slower to solve). A dict that chooses solvers, or names every key
     (``Config.to_dict()``), is a configuration of its own, from those bare defaults. A ``base``
     key says which: a preset's name to change that preset, None for the bare defaults. A YAML
-    file is a configuration of its own, like the presets in configs/."""
+    file given by its path is read by the same rule (every preset in configs/ chooses its
+    solvers)."""
     if config is None:
         config = "hiremate"
     if isinstance(config, Config):
@@ -300,7 +298,7 @@ def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
         if preset.is_file() and "/" not in text and not text.endswith((".yaml", ".yml")):
             base = Config.load(preset)
         elif Path(text).is_file():
-            base = Config.load(text)
+            base = _from_mapping(_read_yaml(text))
         else:
             raise ConfigError(f"unknown preset {text!r} (and no such file); presets: "
                               f"{', '.join(preset_names())}")
@@ -318,10 +316,20 @@ SOLVER_KEYS = ("partitioner", "flat", "bottom", "middle", "middle_flat", "top", 
                "polish")
 
 
+def _read_yaml(path: str | Path) -> Any:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read a configuration from {path}: {exc}") from exc
+    return {} if data is None else data
+
+
 def _from_mapping(data: Mapping[str, Any]) -> Config:
-    """A dict's configuration (see :func:`load_config`): the bare defaults under its keys when
-    it chooses solvers, names every key or says ``base: None``; else the preset its ``base``
-    names (the default preset when it names none) under its keys."""
+    """A dict's or a file's configuration (see :func:`load_config`): the bare defaults under
+    its keys when it chooses solvers, names every key or says ``base: None``; else the preset
+    its ``base`` names (the default preset when it names none) under its keys."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"a configuration must be a mapping, got {type(data).__name__}")
     data = dict(data)
     whole = (any(k in data for k in SOLVER_KEYS)
              or all(f.name in data for f in dataclasses.fields(Config)))

@@ -138,3 +138,15 @@ def test_a_dict_that_chooses_no_solvers_changes_the_default_preset():
         assert load_config(whole) == load_config(preset)
     with pytest.raises(ConfigError, match="base must be a preset name or None"):
         load_config({"base": "fastest", "calibrate": 0})
+
+
+def test_a_yaml_file_is_read_by_the_dict_rule(tmp_path):
+    tweaks = tmp_path / "tweaks.yaml"
+    tweaks.write_text("cost_model: flops\ncalibrate: 0\n")
+    assert load_config(str(tweaks)) == load_config("hiremate", cost_model="flops", calibrate=0)
+    own = tmp_path / "own.yaml"
+    own.write_text("flat: [twremat]\nbottom: []\ntop: []\n")
+    assert load_config(str(own)) == Config(flat=["twremat"], bottom=[], top=[])
+    saved = tmp_path / "saved.yaml"
+    load_config("rockmate").save(saved)
+    assert load_config(str(saved)) == load_config("rockmate")
