@@ -337,3 +337,17 @@ def test_a_whole_step_retry_reuses_its_menus_with_the_disk_cache_off(tmp_path, m
     assert again.report["cache_hits"] == 0
     assert again.schedule == reused.schedule
     assert reused.report["predicted_peak"] <= budget
+
+
+def test_an_infeasible_fraction_names_the_fraction_that_fits():
+    """The error gave the lowest budget in bytes only, where the caller passed a fraction; it
+    now says which fraction of the autodiff peak that is, rounded up so that it fits."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 4, 3, padding=1)).double()
+    x = torch.randn(4, 3, 16, 16, dtype=torch.float64)
+    with pytest.raises(hiremate.errors.InfeasibleBudgetError) as info:
+        HRockmate(model, x, 0.2, cost_model="flops", **FAST)
+    fraction = float(re.search(r"of which that is ([0-9.]+)\)", str(info.value)).group(1))
+    assert 0.2 < fraction <= 1
+    HRockmate(model, x, fraction, cost_model="flops", **FAST)

@@ -47,6 +47,7 @@ their span (:func:`hiremate.ir.blocks.long_lived`), so its abstract peak bounds 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -434,7 +435,8 @@ def _raise_nothing_fits(graph: Graph, budget: int, cfg: Any, found: Paths, ad_pe
         raise InfeasibleBudgetError(
             f"budget {fmt_bytes(budget)} is below the {fmt_bytes(low)} ({low} bytes) that "
             f"the configured solvers ({names}) need for this graph of {len(graph.nodes)} "
-            f"compute nodes (autodiff peak {fmt_bytes(ad_peak)}); raise the budget to at "
+            f"compute nodes (autodiff peak {fmt_bytes(ad_peak)}, of which that is "
+            f"{math.ceil(1000 * low / max(ad_peak, 1)) / 1000:.3f}); raise the budget to at "
             "least that, or configure a solver that recomputes more", min_budget=low)
     raise SolverError(f"no configured solver ({names}) produced a schedule: {found.errors}")
 
