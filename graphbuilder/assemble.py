@@ -320,7 +320,7 @@ def _is_buffer(arg: Any, grp: Grouping, owner: dict[str, str]) -> bool:
 
 
 def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner,
-              uncounted: set[str] = frozenset()) -> int:
+              uncounted: frozenset[str] = frozenset()) -> int:
     """Peak memory inside the node beyond its outputs: internal temporaries + op scratch.
     Outputs the simulator does not count (``uncounted``: parameter gradients) weigh nothing
     here either: counted, a parameter gradient made after a temporary is freed would hide

@@ -31,7 +31,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from hiremate.errors import ConfigError, GraphCaptureError
-from hiremate.quiet import diverted_logger, diverted_stderr
+from hiremate.quiet import diverted_logger, diverted_stderr, log_once
 from hiremate.graphbuilder.traceable import fixed_shape_kernels
 from hiremate.graphbuilder.functionalise import functionalise
 from hiremate.graphbuilder.outputs import opaque_outputs
@@ -290,20 +290,13 @@ def training_call(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tu
     names = list(params)
     if names.index("use_cache") < len(args):  # passed positionally
         return args, kwargs
-    _log_once(f"use_cache:{type(model).__name__}", logging.INFO,
-              "%s has a use_cache switch: capturing with use_cache=False (a key/value cache "
-              "is for generation, not training)", type(model).__name__)
+    log_once(log, f"use_cache:{type(model).__name__}", logging.INFO,
+             "%s has a use_cache switch: capturing with use_cache=False (a key/value cache "
+             "is for generation, not training)", type(model).__name__)
     return args, {**kwargs, "use_cache": False}
 
 
-_LOGGED: set[str] = set()
 _PATCH_LOCK = threading.Lock()
-
-
-def _log_once(key: str, level: int, msg: str, *args: Any) -> None:
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        log.log(level, msg, *args)
 
 
 class _PlainReentrantCheckpoint:

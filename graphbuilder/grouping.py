@@ -67,7 +67,6 @@ class Grouping:
     n_fwd_ops: int = 0
 
 
-
 @dataclass(frozen=True)
 class ConstantOutput:
     """A flat model output that the program does not compute (an int, a string, None), kept by

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from hiremate.errors import GraphCaptureError
+from hiremate.quiet import log_once
 
 log = logging.getLogger(__name__)
 
 #: output leaves that pass through as constants; any other non-tensor leaf is dropped
 PLAIN_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
-_LOGGED: set[str] = set()
 
 
 def opaque_outputs(flat: list[Any]) -> set[int]:
@@ -43,11 +43,10 @@ def opaque_outputs(flat: list[Any]) -> set[int]:
                 f"cannot see them, and the wrapper would lose them. Return a tuple, a dict or "
                 f"a Hugging Face ModelOutput, or register the class once before building: {how}")
     kinds = sorted({type(flat[i]).__name__ for i in dropped})
-    key = ",".join(kinds)
-    if kinds and key not in _LOGGED:
-        _LOGGED.add(key)
-        log.warning("the model's output holds %s, which is not a tensor: the wrapped model "
-                    "returns None in its place (it needs no gradient)", ", ".join(kinds))
+    if kinds:
+        log_once(log, f"dropped:{','.join(kinds)}", logging.WARNING,
+                 "the model's output holds %s, which is not a tensor: the wrapped model "
+                 "returns None in its place (it needs no gradient)", ", ".join(kinds))
     return dropped
 
 

@@ -215,3 +215,15 @@ def diverted_stderr(what: str) -> Iterator[None]:
             yield
         finally:
             _debug_lines(what, sink.getvalue())
+
+
+_LOGGED_ONCE: set[str] = set()
+
+
+def log_once(logger: logging.Logger, key: str, level: int, msg: str, *args: Any) -> None:
+    """``logger.log(level, msg, *args)`` the first time ``key`` is met in this process: a
+    remark about a model (its cache switch, an output the wrapper drops) said once, not at
+    every build or re-capture."""
+    if key not in _LOGGED_ONCE:
+        _LOGGED_ONCE.add(key)
+        logger.log(level, msg, *args)

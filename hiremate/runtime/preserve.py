@@ -210,7 +210,8 @@ def _same_elements(value: Any, contents: Any) -> bool:
         return all(a is b for a, b in zip(value, contents))
     if isinstance(value, dict):
         return all(k in contents and contents[k] is v for k, v in value.items())
-    return all(any(a is b for b in contents) for a in value)
+    kept = {id(b) for b in contents}
+    return all(id(a) in kept for a in value)
 
 
 def _unchanged(buffer: torch.Tensor, version: int, saved: torch.Tensor) -> bool:
