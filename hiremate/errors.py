@@ -91,7 +91,8 @@ class DoubleBackwardError(ExecutionError):
 
 
 class BackwardTwiceError(ExecutionError):
-    """The backward of one RematModule call ran a second time (``retain_graph=True``)."""
+    """The backward of one RematModule call ran again after one that freed what the call kept
+    (the first backward was not given ``retain_graph=True``; eager PyTorch refuses the same)."""
 
 
 class ModifiedInPlaceError(ExecutionError):

@@ -300,10 +300,10 @@ class RematModule(torch.nn.Module):
             if other_threads is not None:
                 return self._other(leaves, spec, args, kwargs, other_threads)._call(
                     args, kwargs, flat)
-            # what a backward that reaches an untangented output needs to run the call again
-            replay = ((args, kwargs, generator_states(_cuda_index(device))
-                       if self._replays_random else None)
-                      if self._untangented_pos else None)
+            # what a second backward (retain_graph) or one that reaches an untangented
+            # output needs to run the call again: references, and a few KiB of RNG state
+            replay = (args, kwargs, generator_states(_cuda_index(device))
+                      if self._replays_random else None)
             run = _Run(self, device, frozen, buffers, replay)
             outs = _RematFunction.apply(run, len(inputs), *inputs, *params)
         else:
@@ -373,7 +373,6 @@ class RematModule(torch.nn.Module):
                 "captured to be differentiated from its scalar outputs only (the loss); "
                 "capture it with output_gradients='all' (HRockmate does so by itself)")
         args, kwargs, states = run.replay
-        run.replay = None
         return self._on_output_gradient(args, kwargs, states, inputs, params, grad_outputs,
                                         needs)
 
@@ -456,6 +455,7 @@ class _RematFunction(torch.autograd.Function):
             outs, saved = fwd.fn(call, None, inputs, params, run.frozen, run.buffers, ())
         ctx.run = run
         ctx.state = (call, [saved], inputs, params)
+        ctx.retained = None  # (inputs, params) after a backward with retain_graph=True
         # tensors the caller can write in place before backward: inputs, parameters, and
         # outputs that the backward reads (as eager autograd, such a write is an error)
         watched = inputs + params + [o for o in outs if any(o is t for t in saved)]
@@ -482,17 +482,23 @@ class _RematFunction(torch.autograd.Function):
                 "gradient ops that are not themselves differentiated; compute higher-order "
                 "gradients with the original model"
             )
-        state = ctx.state
-        if state is None:
+        state, retained = ctx.state, ctx.retained
+        if state is None and retained is None:
             raise BackwardTwiceError(
-                "the backward of a RematModule call ran twice: the first one consumed the "
-                "values the call kept (retain_graph=True is not supported); call the module "
-                "again before a second backward"
+                "the backward of a RematModule call ran a second time, but the first one was "
+                "not told to keep the graph and freed what the call kept; pass "
+                "retain_graph=True to the first backward, as eager PyTorch asks"
             )
+        run = ctx.run
+        # retain_graph=True: a later backward runs the call again from its inputs (with the
+        # random numbers it drew), so that what the schedule keeps stays within the budget
+        keep = torch._C._autograd._get_current_graph_task_keep_graph()
         ctx.state = None
-        call, box, inputs, params = state
+        call, box, inputs, params = state if state is not None else (None, None, *retained)
+        ctx.retained = (inputs, params) if keep else None
         watched, versions = ctx.versions
-        ctx.versions = None
+        if not keep:
+            ctx.versions = None
         for t, v in zip(watched, versions):
             if t._version != v:
                 raise ModifiedInPlaceError(
@@ -501,13 +507,23 @@ class _RematFunction(torch.autograd.Function):
                     f"after the call (version {t._version} instead of {v}); call the module "
                     "again after the modification, or modify a copy"
                 )
-        run = ctx.run
         module = run.module
-        if any(grad_outputs[pos] is not None for pos in module._untangented_pos):
-            box.clear()  # the call is differentiated again from its inputs: free what it kept
+        untangented = any(grad_outputs[pos] is not None for pos in module._untangented_pos)
+        if untangented or state is None:
+            if box is not None:
+                box.clear()  # the call is differentiated again from its inputs: free what it kept
             del call, box, state
-            return (None, None, *module._untangented_backward(
-                run, inputs, params, grad_outputs, ctx.needs_input_grad[2:]))
+            needs = ctx.needs_input_grad[2:]
+            if untangented:
+                grads = module._untangented_backward(run, inputs, params, grad_outputs, needs)
+            else:
+                grads = differentiate_again(module, *run.replay, inputs, params, grad_outputs,
+                                            needs)
+            if not keep:
+                run.replay = None
+            return (None, None, *grads)
+        if not keep:
+            run.replay = None
         _, bwd = module._get_programs(run.device)
         tangents = _tangents(module._tangent_pos, ctx.out_meta, grad_outputs, run.device)
         # tangents the loss reached (autograd gives None for outputs it did not use)
