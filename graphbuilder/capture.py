@@ -35,6 +35,7 @@ from hiremate.quiet import diverted_logger, diverted_stderr, log_once
 from hiremate.graphbuilder.traceable import fixed_shape_kernels
 from hiremate.graphbuilder.functionalise import functionalise
 from hiremate.graphbuilder.outputs import opaque_outputs
+from hiremate.graphbuilder.untouched import writes_undone
 from hiremate.graphbuilder.guards import (BranchRecorder, Guard, check_static_sizes,
                                          failure_reason)
 
@@ -473,9 +474,11 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
             values[pos] = t
         return pytree.tree_unflatten(values, spec)
 
-    # outputs' shapes and differentiability, from one eager run that changes nothing
+    # outputs' shapes and differentiability, from one eager run that changes nothing (a write
+    # into a parameter or an input is undone; the capture refuses it below)
     probe_buffers = {k: v.clone() for k, v in buffers.items()}
-    with torch.random.fork_rng(devices=_devices(input_tensors, params)):
+    with torch.random.fork_rng(devices=_devices(input_tensors, params)), writes_undone(
+            [*params.values(), *frozen.values(), *input_tensors]):
         a, k = rebuild([t.detach().requires_grad_(g) for t, g in zip(input_tensors, needs_grad)])
         out = torch.func.functional_call(module, ({**params, **frozen}, probe_buffers), a, k,
                                          tie_weights=True)

@@ -333,19 +333,26 @@ class GradientOrigins:
             self._origins[id(group)] = self._origins.get(id(group), 0) | self._flowing(reads)
 
 
+_WRITE_HINTS = {
+    DataKind.INPUT: (" (a key path of (args, kwargs): [0][0] is the first positional argument) "
+                     "in place; hiremate cannot replay such writes: make the model write into a "
+                     "copy (x = x / 255 rather than x /= 255, or x = x.clone() first)"),
+    DataKind.PARAM: (" in place during the forward (nn.Embedding with max_norm does: it "
+                     "renormalises the rows it reads); hiremate cannot replay a write into a "
+                     "parameter: make it in the training loop, under torch.no_grad(), before the "
+                     "step (for max_norm: max_norm=None in the model, and "
+                     "torch.embedding_renorm_(emb.weight, ids, max_norm, 2.0) before the step)"),
+}
+
+
 def _inplace(node, o, kind, group_of_node, producer, readers, source_kind, source_label,
              phase, fwd, bwd, new_group, add, read_owners, group_rank, inline, rename) -> None:
     """An in-place write: into a buffer (recorded as a mutation) or into an activation."""
     if o in source_kind:
         if source_kind[o] is not DataKind.BUFFER:
-            where = (" (a key path of (args, kwargs): [0][0] is the first positional argument)"
-                     if source_kind[o] is DataKind.INPUT else "")
             raise GraphCaptureError(
                 f"op {node.name} ({schema_name(node.target)}) writes into the "
-                f"{source_kind[o].value} {source_label[o]!r}{where} in place; hiremate cannot "
-                "replay such writes: make the model write into a copy (x = x.clone() first, or "
-                "the out-of-place form of the op)"
-            )
+                f"{source_kind[o].value} {source_label[o]!r}{_WRITE_HINTS.get(source_kind[o], '')}")
         g = _writer_home(node, producer, read_owners, phase)
         if g is None:
             g = new_group(phase)

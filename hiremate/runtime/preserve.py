@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +152,15 @@ def initialise_lazy(model: torch.nn.Module, sample: Any) -> None:
     if not lazy:
         return
     from hiremate.graphbuilder.capture import normalise_sample, training_call
+    from hiremate.graphbuilder.untouched import writes_undone
 
     args, kwargs = training_call(model, *normalise_sample(sample))
     modules = list(model.modules())
     modes = [m.training for m in modules]
     try:
         model.train(False)  # eval mode
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), writes_undone(
+                pytree.tree_leaves((args, kwargs))):  # a write into the sample is put back
             model(*args, **kwargs)
     finally:
         for m, mode in zip(modules, modes):
