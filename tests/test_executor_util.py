@@ -169,6 +169,35 @@ class ScaledGrad(nn.Module):
         return torch.tanh(_ScaledInputGrad.apply(self.lin(x), self.weight))
 
 
+class RunningShift(nn.Module):
+    """Moves a running mean towards the batch's and subtracts it: the forward reads the buffer
+    it writes, so a recomputation after the write must see the value from before it."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.mean.mul_(0.5).add_(0.5 * x.mean(0))
+        return torch.tanh(x - self.mean)
+
+
+class Running(nn.Module):
+    """Three layers, each followed by a :class:`RunningShift`."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(16, 16) for _ in range(3)])
+        self.shifts = nn.ModuleList([RunningShift(16) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, shift in zip(self.layers, self.shifts):
+            x = shift(torch.sin(layer(x)))
+        return x
+
+
 def small_gpt2(dtype: torch.dtype = torch.float64) -> tuple[nn.Module, dict]:
     import transformers
 
@@ -215,6 +244,8 @@ def get_model(name: str, dtype: torch.dtype = torch.float64) -> tuple[nn.Module,
         return _seeded(ScaledGrad, dtype), (torch.randn(5, 8, generator=gen, dtype=dtype),)
     if name == "spectral":
         return _seeded(Spectral, dtype), (torch.randn(2, 4, 256, generator=gen, dtype=dtype),)
+    if name == "running":
+        return _seeded(Running, dtype), (torch.randn(8, 16, generator=gen, dtype=dtype),)
     if name == "small_gpt2":
         return small_gpt2(dtype)
     return zoo.get(name, dtype=dtype)

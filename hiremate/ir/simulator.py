@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hiremate.errors import InvalidScheduleError
+from hiremate.ir.buffer_writes import snapshot_spans
 from hiremate.ir.graph import DataKind, Graph
 from hiremate.ir.schedule import Compute, Delete, Schedule
 from hiremate.ir.tracker import MemoryTracker, Trace, memory_floor
@@ -101,18 +102,24 @@ def step_peak(graph: Graph, schedule: Schedule, loss_bytes: int = 0, *,
       model runs on the CPU; a GPU's is kept in host memory) and frees it after the last
       rerun; during a rerun it also holds the state it interrupted; and the states of the
       call's start, through the whole step, when a backward may have to run the call again
-      (:func:`replay_state_bytes`)."""
+      (:func:`replay_state_bytes`);
+    - the copies of buffers that the forward writes, kept for the steps that read the value
+      from before the write (:mod:`hiremate.ir.buffer_writes`)."""
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0) if rng_states else 0
     replay = replay_state_bytes(graph) if rng_states else 0
     data = graph.data
     tangent_deletes = [(i, data[step.data].size) for i, step in enumerate(schedule)
                        if isinstance(step, Delete) and 0 <= step.data < len(data)
                        and data[step.data].kind is DataKind.TANGENT]
-    sim = simulate(graph, schedule,
-                   trace=per_state > 0 or loss_bytes > 0 or bool(tangent_deletes) or replay > 0)
+    snapshots = snapshot_spans(graph, schedule)
+    sim = simulate(graph, schedule, trace=per_state > 0 or loss_bytes > 0 or bool(
+        tangent_deletes) or replay > 0 or bool(snapshots))
     if sim.trace is None:
         return sim.peak
     held = [0] * (len(schedule) + 1)  # a difference array over the steps
+    for buffer, first, last in snapshots:
+        held[first] += buffer.size
+        held[last + 1] -= buffer.size
     for i, size in tangent_deletes:
         held[i] += size
     runs: dict[int, list[int]] = {}

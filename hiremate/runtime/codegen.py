@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from hiremate.errors import InvalidGraphError, InvalidScheduleError
+from hiremate.ir.buffer_writes import ignored_positions, rerun_ops, snapshot_spans
 from hiremate.ir.graph import ComputeNode, DataKind, Graph, Op, Ref
 from hiremate.graphbuilder.encode import decode_arg
 from hiremate.graphbuilder.opinfo import resolve_target
@@ -116,6 +117,13 @@ class _Emitter:
         #: names of the model's outputs (and their views): the caller holds them from the forward
         self.caller_held = {n for d in graph.outputs
                             for n in (graph.data[d].name, *graph.data[d].aliases)}
+        # buffers the forward writes whose earlier value a later step reads
+        # (hiremate.ir.buffer_writes): buffer name -> (key in C.snap, writer, its write op)
+        self.snapshots: dict[str, tuple[int, int, int]] = {}
+        self.release_at: dict[int, list[int]] = {}  # step index -> keys to free after it
+        self.snapped: set[str] = set()  # written already: value reads take the copy
+        self.step_no = 0
+        self._real_buffers = False  # an argument the op writes or ignores: the buffer itself
 
     # -- identifiers and constants -----------------------------------------------------------
     def ident(self, name: str) -> str:
@@ -152,6 +160,8 @@ class _Emitter:
         """The identifier holding graph value ``name``, binding sources and saved values."""
         if name in self.bound:
             return self.ident(name)
+        if name in self.snapped and not self._real_buffers:
+            return f"C.snap[{self.snapshots[name][0]}]"
         if name in self.sources.where:
             table, i = self.sources.where[name]
             if table == "T" and self.phase != "bwd":
@@ -235,8 +245,16 @@ class _Emitter:
             # the step runs and a parameter's gradient not at all)
             again = (not first and (op.out in self.caller_held or self._param_grad(op.out))
                      and (op.out in self.bound or op.out in self.inherited))
+            written = [name for name, (_, w, k) in self.snapshots.items()
+                       if first and w == node.id and k == i]
+            for name in written:  # the value before the write, for the steps that read it
+                self._real_buffers = True
+                self.lines.append(f"    C.snap[{self.snapshots[name][0]}] = "
+                                  f"_clone({self.read(name, node)})")
+                self._real_buffers = False
             line = self.op_line(op, node, recompute=not first, out="_again" if again else None)
             self.lines.append("    " + line)
+            self.snapped.update(written)
             if again:
                 self.lines.append("    del _again")
             else:
@@ -262,20 +280,14 @@ class _Emitter:
 
     def _rerun_ops(self, node: ComputeNode, keep: set[str]) -> list[tuple[int, Op]]:
         """The ops of a rerun of ``node``, with their indices: those that its outputs other
-        than parameter gradients need, and any op that writes a buffer or draws random numbers
-        (the generator's position and the buffers must move as in the first run). Why: a
+        than parameter gradients need, and any op that draws random numbers
+        (:func:`hiremate.ir.buffer_writes.rerun_ops`; a buffer's write is not made again). Why: a
         backward node rerun for its input gradient would compute its parameters' gradients
         again, which the first run made and the executor holds to the end (a rerun of a
         layer's backward then cost a weight-sized tensor and a matrix product for nothing)."""
         needed = {n for n in keep if not (self._param_grad(n) and (
             n in self.bound or n in self.inherited))}  # a deleted one is made again
-        chosen = []
-        for i in range(len(node.ops) - 1, -1, -1):
-            op = node.ops[i]
-            if op.out in needed or op.mutated_args or op.random:
-                chosen.append((i, op))
-                needed.update(op.refs())
-        return chosen[::-1]
+        return [(i, node.ops[i]) for i in rerun_ops(node, needed)]
 
     def op_line(self, op: Op, node: ComputeNode, recompute: bool, out: str | None = None) -> str:
         out = out or self.ident(op.out)
@@ -285,8 +297,11 @@ class _Emitter:
         if op.target in _IDENTITY and len(op.args) == 1 and isinstance(op.args[0], Ref):
             return f"{out} = {self.read(op.args[0].name, node)}"
         args = []
+        skip = ignored_positions(op)
         for i, a in enumerate(op.args):
+            self._real_buffers = i in skip
             text = self.expr(a, node)
+            self._real_buffers = False
             if recompute and i in op.mutated_args and isinstance(a, Ref):
                 text = f"_clone({text})"  # the buffer was written by the first execution
             args.append(text)
@@ -310,6 +325,8 @@ class _Emitter:
     def step(self, step: Step) -> None:
         if isinstance(step, Compute):
             self.compute(self.graph.nodes[step.node])
+            for key in self.release_at.get(self.step_no, ()):
+                self.lines.append(f"    C.snap.pop({key}, None)")
         elif isinstance(step, Delete):
             self.delete(step.data)
         else:
@@ -406,7 +423,10 @@ def generate(graph: Graph, schedule: tuple[Step, ...], device: torch.device
     runs = Counter(step.node for step in schedule if isinstance(step, Compute))
     fwd.rng_index = {k: i for k, i in fwd.rng_index.items() if runs[k] > 1}
     fwd.runs_left = runs
-    for step in schedule[:cut]:
+    for buffer, _, last in snapshot_spans(graph, schedule):
+        fwd.snapshots[buffer.name] = (buffer.index, buffer.writer, buffer.write_op)
+        fwd.release_at.setdefault(last, []).append(buffer.index)
+    for fwd.step_no, step in enumerate(schedule[:cut]):
         fwd.step(step)
     out_names = output_names(graph)
     outs = [fwd.read(n, graph.nodes[graph.loss]) for n in out_names]
@@ -415,9 +435,10 @@ def generate(graph: Graph, schedule: tuple[Step, ...], device: torch.device
     bwd.rng_index = fwd.rng_index
     bwd.runs_left = runs
     bwd.idents = fwd.idents
+    bwd.snapshots, bwd.release_at, bwd.snapped = fwd.snapshots, fwd.release_at, fwd.snapped
     for name in sources.by_table["tangent"]:
         bwd.read(name, graph.nodes[graph.loss])
-    for step in schedule[cut:]:
+    for bwd.step_no, step in enumerate(schedule[cut:], start=cut):
         bwd.step(step)
     grads = []
     for g in graph.meta.get("grad_values", []):

@@ -20,6 +20,8 @@ class CallState:
 
     cuda_device: int | None = None
     rng: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    #: copies of buffers from before the forward wrote them (hiremate.ir.buffer_writes)
+    snap: dict[int, Any] = field(default_factory=dict)
 
 
 def _states(call: CallState) -> tuple[Any, Any]:
