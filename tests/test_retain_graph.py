@@ -1,7 +1,7 @@
 """A backward with ``retain_graph=True`` leaves the call differentiable again, as in eager
 PyTorch: several losses over one output, the same loss twice, ``torch.autograd.grad`` before
-``backward``. The later backward runs the call again from its inputs, drawing the random
-numbers it drew, so the gradients are eager's and the schedule's budget still holds."""
+``backward``. That backward runs on copies of what the call kept (values and generator
+states), so the next one finds them as they were and the gradients are eager's."""
 
 from __future__ import annotations
 

@@ -300,10 +300,10 @@ class RematModule(torch.nn.Module):
             if other_threads is not None:
                 return self._other(leaves, spec, args, kwargs, other_threads)._call(
                     args, kwargs, flat)
-            # what a second backward (retain_graph) or one that reaches an untangented
-            # output needs to run the call again: references, and a few KiB of RNG state
-            replay = (args, kwargs, generator_states(_cuda_index(device))
-                      if self._replays_random else None)
+            # what a backward that reaches an untangented output needs to run the call again
+            replay = ((args, kwargs, generator_states(_cuda_index(device))
+                       if self._replays_random else None)
+                      if self._untangented_pos else None)
             run = _Run(self, device, frozen, buffers, replay)
             outs = _RematFunction.apply(run, len(inputs), *inputs, *params)
         else:
@@ -455,7 +455,6 @@ class _RematFunction(torch.autograd.Function):
             outs, saved = fwd.fn(call, None, inputs, params, run.frozen, run.buffers, ())
         ctx.run = run
         ctx.state = (call, [saved], inputs, params)
-        ctx.retained = None  # (inputs, params) after a backward with retain_graph=True
         # tensors the caller can write in place before backward: inputs, parameters, and
         # outputs that the backward reads (as eager autograd, such a write is an error)
         watched = inputs + params + [o for o in outs if any(o is t for t in saved)]
@@ -482,20 +481,24 @@ class _RematFunction(torch.autograd.Function):
                 "gradient ops that are not themselves differentiated; compute higher-order "
                 "gradients with the original model"
             )
-        state, retained = ctx.state, ctx.retained
-        if state is None and retained is None:
+        state = ctx.state
+        if state is None:
             raise BackwardTwiceError(
                 "the backward of a RematModule call ran a second time, but the first one was "
                 "not told to keep the graph and freed what the call kept; pass "
                 "retain_graph=True to the first backward, as eager PyTorch asks"
             )
         run = ctx.run
-        # retain_graph=True: a later backward runs the call again from its inputs (with the
-        # random numbers it drew), so that what the schedule keeps stays within the budget
         keep = torch._C._autograd._get_current_graph_task_keep_graph()
-        ctx.state = None
-        call, box, inputs, params = state if state is not None else (None, None, *retained)
-        ctx.retained = (inputs, params) if keep else None
+        call, box, inputs, params = state
+        if keep:
+            # retain_graph=True: this backward runs on copies of the call's state, whose
+            # values stay on the context for the next one (as eager autograd keeps its saved
+            # tensors, so this backward's peak is above the schedule's)
+            call = CallState(call.cuda_device, dict(call.rng), dict(call.snap))
+            box = list(box)
+        else:
+            ctx.state = None
         watched, versions = ctx.versions
         if not keep:
             ctx.versions = None
@@ -509,21 +512,15 @@ class _RematFunction(torch.autograd.Function):
                 )
         module = run.module
         untangented = any(grad_outputs[pos] is not None for pos in module._untangented_pos)
-        if untangented or state is None:
-            if box is not None:
-                box.clear()  # the call is differentiated again from its inputs: free what it kept
+        if untangented:
+            box.clear()  # the call is differentiated again from its inputs: free what it kept
             del call, box, state
-            needs = ctx.needs_input_grad[2:]
-            if untangented:
-                grads = module._untangented_backward(run, inputs, params, grad_outputs, needs)
-            else:
-                grads = differentiate_again(module, *run.replay, inputs, params, grad_outputs,
-                                            needs)
+            grads = module._untangented_backward(run, inputs, params, grad_outputs,
+                                                 ctx.needs_input_grad[2:])
             if not keep:
                 run.replay = None
             return (None, None, *grads)
-        if not keep:
-            run.replay = None
+        del state
         _, bwd = module._get_programs(run.device)
         tangents = _tangents(module._tangent_pos, ctx.out_meta, grad_outputs, run.device)
         # tangents the loss reached (autograd gives None for outputs it did not use)
