@@ -4,14 +4,21 @@ before the write, which the executor copies just before it and the simulator cou
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hiremate
 from hiremate.ir.buffer_writes import snapshot_spans, written_buffers
 from hiremate.ir import simulator
 from hiremate.ir.simulator import step_peak
 from hiremate.runtime.executor import RematModule
-from test_executor_util import compare, get_model, graph_of, schedules_of, split
+from test_executor_schedules import activations, keep_schedule
+from test_executor_util import (
+    assert_close, compare, fresh_sample, get_model, graph_of, run_step, schedules_of, split)
 
 
 @pytest.mark.parametrize("schedule", ["autodiff", "keep-none", "keep-half", "keep-third"])
@@ -48,3 +55,27 @@ def test_batch_norm_needs_no_copy() -> None:
         graph = graph_of(name)
         for schedule in schedules_of(graph).values():
             assert snapshot_spans(graph, schedule) == []
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(st.data())
+def test_any_kept_set_trains_as_eager_within_the_counted_peak(data) -> None:
+    """Property: whichever activations a schedule keeps (the rest recomputed in the
+    backward), the step equals eager's and its measured peak stays within ``step_peak``."""
+    graph = graph_of("running")
+    acts = activations(graph)
+    keep = data.draw(st.sets(st.sampled_from(acts)))
+    schedule = keep_schedule(graph, keep)
+    assert hiremate.simulate(graph, schedule).valid
+    model, sample = get_model("running")
+    eager = copy.deepcopy(model)
+    remat = RematModule(model, graph, schedule)
+    out, grads = run_step(remat, fresh_sample(sample))
+    out_eager, grads_eager = run_step(eager, fresh_sample(sample))
+    assert_close(out, out_eager)
+    for g, e in zip(grads, grads_eager):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+    for b, e in zip(model.buffers(), eager.buffers()):
+        torch.testing.assert_close(b, e, rtol=0, atol=0)
+    measured = hiremate.measure(remat, *split(sample)[0], repeats=1, warmup=0)
+    assert measured.peak <= step_peak(graph, schedule) * 1.02 + 4096
