@@ -270,3 +270,35 @@ def test_an_expanded_output_and_a_string_beside_it_train_as_eager():
     torch.testing.assert_close(out["wide"], ref["wide"], rtol=1e-12, atol=0)
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-14)
+
+
+class TwoHeads(nn.Module):
+    """A transposed head beside a plain one: a loss on the plain one alone leaves the other's
+    gradient None."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(6, 12), nn.Linear(12, 12)
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))
+        return h, self.head(h).view(4, 3, 12).transpose(1, 2)
+
+
+def test_an_unused_transposed_output_gets_a_zero_laid_out_as_the_trace_s():
+    """The zero standing for an unused output's gradient was contiguous where the trace's
+    tangent had the output's transposed strides, and the backward's view of it failed
+    (Hugging Face PatchTST's prediction beside its loss, captured with every output
+    differentiated)."""
+    torch.manual_seed(0)
+    model = TwoHeads().double()
+    eager = copy.deepcopy(model)
+    x = torch.randn(4, 3, 6, dtype=torch.float64)
+    wrapped = HRockmate(model, x, 1.0, config={"cost_model": "flops"})
+    assert wrapped.graph.meta.get("untangented_outputs") is None  # both outputs differentiated
+    wrapped(x)[0].sum().backward()
+    eager(x)[0].sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None)
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=0)

@@ -554,8 +554,8 @@ def _tangents(positions: list[int], out_meta: list, grad_outputs: tuple,
     for pos in positions:
         g = grad_outputs[pos]
         shape, dtype, stride = out_meta[pos]
-        if g is None:
-            g = torch.zeros(shape, dtype=dtype, device=device)
+        if g is None:  # an output the loss did not use: a zero laid out as the trace's tangent
+            g = torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
         elif g.stride() != stride or g.dtype != dtype:
             # the traced backward ops assume the layout of the output (e.g. they view it);
             # an expanded or transposed incoming gradient is made dense like it
