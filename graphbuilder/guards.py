@@ -207,6 +207,11 @@ def _changing_value_message(func: Any, asked: str, where: str,
                "position), and a captured program keeps the value it had at the build. Keep "
                "the value in a tensor (index with a tensor: index_copy, torch.where, "
                "masking), or keep that step outside the wrapped model")
+        if str(name).endswith("num_batches_tracked"):
+            why = ("this is a BatchNorm with momentum=None (a cumulative average of the "
+                   "batches' statistics), which divides by its batch count read into Python at "
+                   "every call, and a captured program keeps the build's count. Give it a "
+                   "momentum (torch's default is 0.1), or keep it outside the wrapped model")
     else:
         why = ("such a value changes as the model trains, and a traced program cannot "
                "follow a branch on it. Rewrite the branch without asking for the tensor's "

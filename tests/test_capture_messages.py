@@ -135,6 +135,15 @@ def test_a_value_read_from_a_buffer_names_the_buffer_and_the_call():
     assert "activation" not in text.split("export:")[0]
 
 
+def test_a_cumulative_batch_norm_is_named_with_the_setting_to_change():
+    """BatchNorm with momentum=None reads its batch count into Python at every call: the
+    refusal named only the buffer, not the setting behind it."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, momentum=None), nn.Tanh())
+    with pytest.raises(GraphCaptureError, match=r"the buffer '1.num_batches_tracked': this is "
+                       r"a BatchNorm with momentum=None .* Give it a momentum"):
+        HRockmate(model, torch.randn(4, 8), 1.0, cost_model="flops")
+
+
 class TakesAList(nn.Module):
     def __init__(self) -> None:
         super().__init__()
