@@ -477,11 +477,19 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
     # outputs' shapes and differentiability, from one eager run that changes nothing (a write
     # into a parameter or an input is undone; the capture refuses it below)
     probe_buffers = {k: v.clone() for k, v in buffers.items()}
-    with torch.random.fork_rng(devices=_devices(input_tensors, params)), writes_undone(
-            [*params.values(), *frozen.values(), *input_tensors]):
-        a, k = rebuild([t.detach().requires_grad_(g) for t, g in zip(input_tensors, needs_grad)])
-        out = torch.func.functional_call(module, ({**params, **frozen}, probe_buffers), a, k,
-                                         tie_weights=True)
+
+    def probe(guarded: list[torch.Tensor]) -> Any:
+        with torch.random.fork_rng(devices=_devices(input_tensors, params)), writes_undone(
+                guarded):
+            a, k = rebuild([t.detach().requires_grad_(g)
+                            for t, g in zip(input_tensors, needs_grad)])
+            return torch.func.functional_call(module, ({**params, **frozen}, probe_buffers),
+                                              a, k, tie_weights=True)
+
+    try:
+        out = probe([*params.values(), *frozen.values(), *input_tensors])
+    except Exception:  # noqa: BLE001 - an op the write watch cannot see through: run it plain
+        out = probe([])
     flat_out, out_spec = pytree.tree_flatten(out)
     dropped = opaque_outputs(flat_out)
     diff = [i for i, o in enumerate(flat_out)

@@ -76,8 +76,12 @@ class _CopyOnWrite(TorchDispatchMode):
 
 @contextlib.contextmanager
 def writes_undone(tensors: list[torch.Tensor]) -> Iterator[None]:
-    """Run the body; whatever it wrote into ``tensors`` in place is put back on exit."""
+    """Run the body; whatever it wrote into ``tensors`` in place is put back on exit (with
+    none, the body runs without the watch)."""
     mode = _CopyOnWrite([t for t in tensors if isinstance(t, torch.Tensor)])
+    if not mode.owners:
+        yield
+        return
     try:
         with mode:
             yield

@@ -159,9 +159,13 @@ def initialise_lazy(model: torch.nn.Module, sample: Any) -> None:
     modes = [m.training for m in modules]
     try:
         model.train(False)  # eval mode
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), writes_undone(
-                pytree.tree_leaves((args, kwargs))):  # a write into the sample is put back
-            model(*args, **kwargs)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]), writes_undone(
+                    pytree.tree_leaves((args, kwargs))):  # a write into the sample is put back
+                model(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - an op the write watch cannot see through
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                model(*args, **kwargs)
     finally:
         for m, mode in zip(modules, modes):
             m.training = mode
