@@ -3,9 +3,16 @@ parameters and inputs, values and version counters, and copy only what is writte
 
 from __future__ import annotations
 
-import torch
+import importlib
 
+import pytest
+import torch
+from torch import nn
+
+import hiremate
+from hiremate.errors import GraphCaptureError
 from hiremate.graphbuilder.untouched import _CopyOnWrite, writes_undone
+from test_capture import WritesItsInput
 
 
 def test_writes_through_views_and_data_are_put_back_and_only_written_tensors_copied() -> None:
@@ -29,10 +36,61 @@ def test_writes_through_views_and_data_are_put_back_and_only_written_tensors_cop
     assert torch.equal(batch, kept[1]) and batch._version == versions[1]
 
 
-def test_with_nothing_to_watch_the_body_runs_without_the_mode() -> None:
-    """A higher-order op has no rule for the watch's dispatch mode: the capture's probe runs
-    again without the watch when the watched run raises, and an empty watch installs none."""
-    x = torch.randn(3)
+def test_with_nothing_to_watch_the_body_runs_without_the_mode(monkeypatch) -> None:
+    """A higher-order op (``torch.cond``) has no rule for the watch's dispatch mode: the
+    capture's probe runs again without the watch when the watched run raises, and an empty
+    watch installs no mode."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    capture = importlib.import_module("hiremate.graphbuilder.capture")
+
     with writes_undone([]):
-        out = torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
-    assert out.shape == (3,)
+        assert _get_current_dispatch_mode() is None
+    with writes_undone([torch.zeros(2)]):
+        assert isinstance(_get_current_dispatch_mode(), _CopyOnWrite)
+    real = capture.writes_undone
+    watched = []
+
+    def refusing(tensors):
+        watched.append(len(tensors))
+        if tensors:
+            raise NotImplementedError("no rule for this mode")
+        return real(tensors)
+
+    monkeypatch.setattr(capture, "writes_undone", refusing)
+    graph = hiremate.build_graph(nn.Linear(3, 2), torch.randn(4, 3), cost_model="flops")
+    assert watched[:2] == [3, 0] and graph.nodes
+
+
+class RenormalisedEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 8, max_norm=1.0)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids)).sum()
+
+
+def test_a_refused_write_leaves_the_sample_and_the_parameters_as_they_were():
+    """The build's one real run of the forward wrote into the user's batch (x.mul_(2) doubled
+    it) and renormalised the embedding's rows before the capture refused the write."""
+    x = torch.randn(2, 4)
+    kept, version = x.clone(), x._version
+    with pytest.raises(GraphCaptureError, match="x = x / 255 rather than x /= 255"):
+        hiremate.HRockmate(WritesItsInput(), x, 1.0, config={"cost_model": "flops"})
+    assert torch.equal(x, kept) and x._version == version
+    torch.manual_seed(0)
+    model = RenormalisedEmbedding()
+    with torch.no_grad():
+        model.emb.weight.mul_(5)  # rows above max_norm, which a forward renormalises
+    weight, weight_version = model.emb.weight.detach().clone(), model.emb.weight._version
+    with pytest.raises(GraphCaptureError, match="writes into the param 'emb.weight'.*max_norm"):
+        hiremate.HRockmate(model, torch.randint(0, 50, (4, 6)), 1.0,
+                           config={"cost_model": "flops"})
+    assert torch.equal(model.emb.weight, weight) and model.emb.weight._version == weight_version
+    lazy = WritesItsInput()
+    lazy.a = nn.LazyLinear(4)  # initialised by one more real run of the forward, on the sample
+    with pytest.raises(GraphCaptureError, match="writes into the input"):
+        hiremate.HRockmate(lazy, x, 1.0, config={"cost_model": "flops"})
+    assert torch.equal(x, kept) and x._version == version
