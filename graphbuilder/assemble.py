@@ -316,7 +316,8 @@ def _is_buffer(arg: Any, grp: Grouping, owner: dict[str, str]) -> bool:
     if name in grp.inline:
         name = inline_root(name, grp.inline, grp.rename)
     o = owner.get(name, name)
-    return grp.source_kind.get(o) is DataKind.BUFFER
+    # an input written in place needs no gradient (the grouping refuses the others)
+    return grp.source_kind.get(o) in (DataKind.BUFFER, DataKind.INPUT)
 
 
 def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner,

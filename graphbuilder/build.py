@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from hiremate.errors import ConfigError, GraphCaptureError, HiremateError
 from hiremate.ir.graph import Graph
@@ -231,4 +232,13 @@ def _real_inputs(model: torch.nn.Module, sample: Any, cap) -> list[Any]:
     return ([params[n].detach() for n in cap.param_names]
             + [params[n].detach() for n in cap.frozen_names]
             + [buffers[n].detach().clone() for n in cap.buffer_names]
-            + [t.detach() for t in leaves] + tangents)
+            + [_unshared(t) for t in leaves] + tangents)
+
+
+def _unshared(t: torch.Tensor) -> torch.Tensor:
+    """An input for the costs' run: a copy, with the same strides, of one that needs no
+    gradient (the program may write into it, as ``x /= 255`` does, and the caller's batch must
+    stay as it was), so long as a copy can keep its layout (a dense one)."""
+    if t.requires_grad or not is_non_overlapping_and_dense_or_false(t):
+        return t.detach()
+    return t.detach().clone(memory_format=torch.preserve_format)

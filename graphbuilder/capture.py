@@ -551,8 +551,12 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
                                 "cannot capture the model with this torch")
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     first_buffer = len(params) + len(frozen)
-    gm, marker["last"] = functionalise(
-        gm, marker["last"], set(placeholders[first_buffer:first_buffer + len(buffers)]))
+    first_input = first_buffer + len(buffers)
+    # writes the executor replays once per call: into buffers, and into inputs that need no
+    # gradient (x /= 255), as eager writes into the caller's tensor
+    written = set(placeholders[first_buffer:first_input]) | {
+        placeholders[first_input + i] for i, g in enumerate(needs_grad) if not g}
+    gm, marker["last"] = functionalise(gm, marker["last"], written)
     return JointCapture(
         gm=gm, path=path, param_names=list(params), frozen_names=list(frozen),
         buffer_names=list(buffers), input_paths=input_paths, input_requires_grad=needs_grad,

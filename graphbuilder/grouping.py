@@ -97,6 +97,12 @@ def group_joint(cap: JointCapture) -> Grouping:
     for ph, (kind, label) in zip(placeholders, labels):
         source_kind[ph.name] = kind
         source_label[ph.name] = label
+    # sources a forward may write, the executor replaying the write once per call: buffers,
+    # and inputs that need no gradient (eager writes into the caller's tensor)
+    first_input = n_p + n_f + n_b
+    writable = {ph.name for ph in placeholders[n_p + n_f:first_input]} | {
+        ph.name for ph, g in zip(placeholders[first_input:first_input + n_in],
+                                 cap.input_requires_grad) if not g}
     tangents = [ph.name for ph in placeholders[n_p + n_f + n_b + n_in:]]
 
     owner: dict[str, str] = {ph.name: ph.name for ph in placeholders}
@@ -183,7 +189,7 @@ def group_joint(cap: JointCapture) -> Grouping:
             if kind.inplace:
                 _inplace(node, o, kind, group_of_node, producer, readers, source_kind,
                          source_label, phase, fwd, bwd, new_group, add, read_owners, group_rank,
-                         inline, rename)
+                         inline, rename, writable)
             elif is_source(o):
                 inline[node.name] = node
             else:
@@ -214,7 +220,7 @@ def group_joint(cap: JointCapture) -> Grouping:
                 arg = node.args[i] if i < len(node.args) else None
                 if isinstance(arg, torch.fx.Node):
                     o = owner.get(rename.get(arg.name, arg.name))
-                    if o is not None and source_kind.get(o) is DataKind.BUFFER:
+                    if o is not None and o in writable:
                         g.mutates.add(source_label[o])
                     elif o is not None and not is_source(o) and producer.get(o) is not g:
                         raise GraphCaptureError(
@@ -335,8 +341,9 @@ class GradientOrigins:
 
 _WRITE_HINTS = {
     DataKind.INPUT: (" (a key path of (args, kwargs): [0][0] is the first positional argument) "
-                     "in place; hiremate cannot replay such writes: make the model write into a "
-                     "copy (x = x / 255 rather than x /= 255, or x = x.clone() first)"),
+                     "in place, and that input needs a gradient (eager refuses such a write "
+                     "into a leaf too): make the model write into a copy (x = x / 255 rather "
+                     "than x /= 255, or x = x.clone() first)"),
     DataKind.PARAM: (" in place during the forward (nn.Embedding with max_norm does: it "
                      "renormalises the rows it reads); hiremate cannot replay a write into a "
                      "parameter: make it in the training loop, under torch.no_grad(), before the "
@@ -346,10 +353,12 @@ _WRITE_HINTS = {
 
 
 def _inplace(node, o, kind, group_of_node, producer, readers, source_kind, source_label,
-             phase, fwd, bwd, new_group, add, read_owners, group_rank, inline, rename) -> None:
-    """An in-place write: into a buffer (recorded as a mutation) or into an activation."""
+             phase, fwd, bwd, new_group, add, read_owners, group_rank, inline, rename,
+             writable) -> None:
+    """An in-place write: into a buffer or an input that needs no gradient (recorded as a
+    mutation), or into an activation."""
     if o in source_kind:
-        if source_kind[o] is not DataKind.BUFFER:
+        if o not in writable:
             raise GraphCaptureError(
                 f"op {node.name} ({schema_name(node.target)}) writes into the "
                 f"{source_kind[o].value} {source_label[o]!r}{_WRITE_HINTS.get(source_kind[o], '')}")

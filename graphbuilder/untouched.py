@@ -66,12 +66,18 @@ class _CopyOnWrite(TorchDispatchMode):
             self.saved[key] = (owner, owner.detach().clone(), owner._version)
 
     def restore(self) -> None:
-        with torch.no_grad():
-            for owner, copy, version in self.saved.values():
-                owner.data.copy_(copy)
-                if _set_versions is not None:
-                    _set_versions((owner,), (version,))
+        for owner, copy, version in self.saved.values():
+            put_back(owner, copy, version)
         self.saved.clear()
+
+
+def put_back(tensor: torch.Tensor, copy: torch.Tensor, version: int) -> None:
+    """Write ``copy`` into ``tensor`` and set its version counter back to ``version``, so that
+    autograd sees it as never written."""
+    with torch.no_grad():
+        tensor.data.copy_(copy)
+    if _set_versions is not None:
+        _set_versions((tensor,), (version,))
 
 
 @contextlib.contextmanager
@@ -89,4 +95,4 @@ def writes_undone(tensors: list[torch.Tensor]) -> Iterator[None]:
         mode.restore()
 
 
-__all__ = ["writes_undone"]
+__all__ = ["put_back", "writes_undone"]

@@ -72,14 +72,21 @@ class RenormalisedEmbedding(nn.Module):
         return self.out(self.emb(ids)).sum()
 
 
-def test_a_refused_write_leaves_the_sample_and_the_parameters_as_they_were():
-    """The build's one real run of the forward wrote into the user's batch (x.mul_(2) doubled
-    it) and renormalised the embedding's rows before the capture refused the write."""
+def test_a_build_leaves_the_sample_and_the_parameters_as_they_were():
+    """The build's real runs of the forward wrote into the user's batch (x.mul_(2) doubled it:
+    the outputs' probe, the costs' run, the calibration's measured steps) and renormalised the
+    embedding's rows before the capture refused that write."""
     x = torch.randn(2, 4)
     kept, version = x.clone(), x._version
-    with pytest.raises(GraphCaptureError, match="x = x / 255 rather than x /= 255"):
-        hiremate.HRockmate(WritesItsInput(), x, 1.0, config={"cost_model": "flops"})
+    hiremate.HRockmate(WritesItsInput(), x, 1.0, config={"cost_model": "flops"})  # calibrates
     assert torch.equal(x, kept) and x._version == version
+    lazy = WritesItsInput()
+    lazy.a = nn.LazyLinear(4)  # initialised by one more real run of the forward, on the sample
+    hiremate.HRockmate(lazy, x, 1.0, config={"cost_model": "flops"})
+    assert torch.equal(x, kept) and x._version == version
+    grad_input = x.clone().requires_grad_()
+    with pytest.raises(GraphCaptureError, match="requires grad is being used in an in-place"):
+        hiremate.HRockmate(WritesItsInput(), grad_input, 1.0, config={"cost_model": "flops"})
     torch.manual_seed(0)
     model = RenormalisedEmbedding()
     with torch.no_grad():
@@ -89,8 +96,3 @@ def test_a_refused_write_leaves_the_sample_and_the_parameters_as_they_were():
         hiremate.HRockmate(model, torch.randint(0, 50, (4, 6)), 1.0,
                            config={"cost_model": "flops"})
     assert torch.equal(model.emb.weight, weight) and model.emb.weight._version == weight_version
-    lazy = WritesItsInput()
-    lazy.a = nn.LazyLinear(4)  # initialised by one more real run of the forward, on the sample
-    with pytest.raises(GraphCaptureError, match="writes into the input"):
-        hiremate.HRockmate(lazy, x, 1.0, config={"cost_model": "flops"})
-    assert torch.equal(x, kept) and x._version == version

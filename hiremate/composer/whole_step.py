@@ -22,6 +22,7 @@ from hiremate.composer.step_view import rng_state_reserve, step_view
 from hiremate.config import Config
 from hiremate.errors import InfeasibleBudgetError
 from hiremate.ir.budget import resolve_budget
+from hiremate.ir.buffer_writes import snapshot_reserve
 from hiremate.ir.graph import Graph
 from hiremate.ir.simulator import autodiff_schedule, simulate, step_peak
 from hiremate.solvers.hilp.moment_bound import moment_time_bound
@@ -220,8 +221,12 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
     view = step_view(graph, loss_bytes, rng_states=False).graph  # the graph's ids
     per_state = int(graph.meta.get("rng_state_bytes", 0) or 0)
     randoms = sum(1 for n in graph.nodes if n.random)
-    full = rng_state_reserve(graph)  # the most the view leaves out: it always works
-    reserves = [0, full] if 0 < full <= CHEAP_RESERVE * budget else [0]
+    # the most the view leaves out (generator states, buffer copies): it always works
+    full = rng_state_reserve(graph) + snapshot_reserve(graph)
+    # the states, when cheap, are reserved from the first solve; the buffer copies, which most
+    # schedules need none of, only when a schedule overflows by them
+    states = rng_state_reserve(graph)
+    reserves = [0, states] if 0 < states <= CHEAP_RESERVE * budget else [0]
     result = None
     failed: tuple[int, InfeasibleBudgetError] | None = None  # the highest budget that failed
     while True:
@@ -243,8 +248,9 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
             if not full:
                 raise
             raise InfeasibleBudgetError(
-                f"{exc}; with the random-generator states of the {randoms} random ops a "
-                f"schedule may rerun, the step needs at most "
+                f"{exc}; with what a schedule may keep for reruns (the random-generator "
+                f"states of {randoms} random ops, copies of buffers written in the forward), "
+                f"the step needs at most "
                 f"{fmt_bytes(low + full) if low else 'more'}",
                 min_budget=low + full if low else None) from exc
         peak = whole_step_report(graph, result, budget, loss_bytes)
@@ -266,7 +272,8 @@ def _walk(graph: Graph, budget: int, cfg: Config, cache: Any, solve: Any, loss_b
                 return kept
             raise InfeasibleBudgetError(
                 f"the schedule found needs {fmt_bytes(peak)} with the loss's memory and the "
-                f"random-generator states it keeps, above the budget {fmt_bytes(budget)}; "
+                f"random-generator states and buffer copies it keeps, above the budget "
+                f"{fmt_bytes(budget)}; "
                 f"raise the budget to {fmt_bytes(budget - reserves[-1] + full)}, which always "
                 "leaves room for them",
                 min_budget=budget - reserves[-1] + full)

@@ -1,7 +1,8 @@
 """Buffers that a forward reads and writes: the value before the write, kept for later reads.
 
 A forward may update a buffer and use it (a running mean moved towards the batch's, then
-subtracted from it). The graph reads the buffer's source as its value at the call's start and
+subtracted from it), or write into an input that needs no gradient (``x /= 255``), which is
+handled here as a buffer. The graph reads the buffer's source as its value at the call's start and
 the executor writes the buffer in place during the forward, once per call. A node that reads
 the source after that write, a recomputation or a first run that the schedule puts after the
 writer, must still see the value from before it: so the executor copies the buffer just before
@@ -35,7 +36,7 @@ class WrittenBuffer:
     runs only the ops that its outputs and random draws need: :func:`rerun_ops`); the writer's
     own first run needs the copy only when it reads the value after its write."""
 
-    index: int  # its position among the graph's buffers (the executor's table)
+    source: int  # the data id of the buffer's (or input's) source
     name: str
     writer: int
     write_op: int
@@ -99,9 +100,10 @@ def output_names(graph: Graph, node: ComputeNode) -> set[str]:
 
 
 def written_buffers(graph: Graph) -> list[WrittenBuffer]:
-    """Every buffer source that a node writes and some node reads the value of."""
-    # in the order of the executor's buffer table (hiremate.runtime.codegen.SourceMap)
-    buffers = [d for d in graph.data if d.producer is None and d.kind is DataKind.BUFFER]
+    """Every buffer source that a node writes and some node reads the value of (an input that
+    needs no gradient, written by the forward as ``x /= 255`` does, counts as a buffer here)."""
+    buffers = [d for d in graph.data
+               if d.producer is None and d.kind in (DataKind.BUFFER, DataKind.INPUT)]
     names = {d.name for d in buffers}
     writers: dict[str, tuple[int, int]] = {}
     readers: dict[str, set[int]] = {}
@@ -123,9 +125,19 @@ def written_buffers(graph: Graph) -> list[WrittenBuffer]:
         for k in rerun_ops(node, output_names(graph, node)):
             for name in reads[k]:
                 rerun_readers.setdefault(name, set()).add(node.id)
-    return [WrittenBuffer(index, d.name, *writers[d.name], frozenset(readers[d.name]),
-                          frozenset(rerun_readers.get(d.name, ())), d.size, d.name in after)
-            for index, d in enumerate(buffers) if d.name in writers and d.name in readers]
+    found = [WrittenBuffer(d.id, d.name, *writers[d.name], frozenset(readers[d.name]),
+                           frozenset(rerun_readers.get(d.name, ())), d.size, d.name in after)
+             for d in buffers if d.name in writers and d.name in readers]
+    # read only by its writer's first run, before the write (BatchNorm's batch count): no
+    # schedule needs a copy
+    return [b for b in found
+            if b.readers - {b.writer} or b.rerun_readers or b.reads_after_write]
+
+
+def snapshot_reserve(graph: Graph) -> int:
+    """The most the copies take at once: every written buffer's, which room for the step
+    always covers (a schedule that overflows by its copies is solved again below)."""
+    return sum(b.size for b in written_buffers(graph))
 
 
 def snapshot_spans(graph: Graph, schedule: Schedule,
@@ -157,5 +169,5 @@ def snapshot_spans(graph: Graph, schedule: Schedule,
     return spans
 
 
-__all__ = ["WrittenBuffer", "ignored_positions", "output_names", "rerun_ops", "snapshot_spans",
-           "value_reads", "written_buffers"]
+__all__ = ["WrittenBuffer", "ignored_positions", "output_names", "rerun_ops", "snapshot_reserve",
+           "snapshot_spans", "value_reads", "written_buffers"]

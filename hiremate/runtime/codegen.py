@@ -424,8 +424,8 @@ def generate(graph: Graph, schedule: tuple[Step, ...], device: torch.device
     fwd.rng_index = {k: i for k, i in fwd.rng_index.items() if runs[k] > 1}
     fwd.runs_left = runs
     for buffer, _, last in snapshot_spans(graph, schedule):
-        fwd.snapshots[buffer.name] = (buffer.index, buffer.writer, buffer.write_op)
-        fwd.release_at.setdefault(last, []).append(buffer.index)
+        fwd.snapshots[buffer.name] = (buffer.source, buffer.writer, buffer.write_op)
+        fwd.release_at.setdefault(last, []).append(buffer.source)
     for fwd.step_no, step in enumerate(schedule[:cut]):
         fwd.step(step)
     out_names = output_names(graph)

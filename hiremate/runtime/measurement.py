@@ -64,6 +64,7 @@ from torch.utils import _pytree as pytree
 
 from hiremate.cuda_trace import device_trace, events_from_cuda_trace, record_cuda_history
 from hiremate.errors import ConfigError
+from hiremate.graphbuilder.untouched import put_back
 from hiremate.runtime.preserve import preserved
 from hiremate.units import fmt_bytes
 
@@ -462,9 +463,16 @@ def measure(
         grads.modules, [a for a in arg_leaves if isinstance(a, torch.Tensor)], device
     )
     cuda = dev.type == "cuda"
+    # a forward that writes into an input that needs no gradient (x /= 255) would see another
+    # input at each run, and leave the caller's changed: each run's write is put back
+    kept = [(t, t.detach().clone(), t._version) for t in _tensors((args, kwargs))
+            if not t.requires_grad]
 
     def run() -> None:
         _forward_backward(fn, args, kwargs, loss_fn)
+        for t, copy, version in kept:
+            if t._version != version:
+                put_back(t, copy, version)
 
     times: list[float] = []
     peaks: list[int] = []
