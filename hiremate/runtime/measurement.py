@@ -464,8 +464,9 @@ def measure(
     )
     cuda = dev.type == "cuda"
     # a forward that writes into an input that needs no gradient (x /= 255) would see another
-    # input at each run, and leave the caller's changed: each run's write is put back
-    kept = [(t, t.detach().clone(), t._version) for t in _tensors((args, kwargs))
+    # input at each run, and leave the caller's changed: each run's write is put back, from a
+    # copy in host memory (on a GPU, none of the device's)
+    kept = [(t, t.detach().to("cpu", copy=True), t._version) for t in _tensors((args, kwargs))
             if not t.requires_grad]
 
     def run() -> None:
