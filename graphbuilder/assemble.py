@@ -317,7 +317,7 @@ def _is_buffer(arg: Any, grp: Grouping, owner: dict[str, str]) -> bool:
         name = inline_root(name, grp.inline, grp.rename)
     o = owner.get(name, name)
     # an input written in place needs no gradient (the grouping refuses the others)
-    return grp.source_kind.get(o) in (DataKind.BUFFER, DataKind.INPUT)
+    return grp.source_kind.get(o) in (DataKind.BUFFER, DataKind.INPUT, DataKind.PARAM)
 
 
 def _overhead(ordered, g: Group, allocs, external, costs, grp: Grouping, owner,

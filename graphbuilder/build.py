@@ -19,6 +19,7 @@ from hiremate.graphbuilder.costs.memory import ViewsNeedCopies
 from hiremate.graphbuilder.functionalise import copy_before_views
 from hiremate.graphbuilder.grouping import group_joint
 from hiremate.graphbuilder.guards import guard_to_dict
+from hiremate.graphbuilder.opinfo import op_kind
 
 log = logging.getLogger(__name__)
 
@@ -229,10 +230,25 @@ def _real_inputs(model: torch.nn.Module, sample: Any, cap) -> list[Any]:
                                       device=val.device)
         tangents.append(tangent.copy_(torch.randn(tuple(val.shape), generator=gen,
                                                   dtype=val.dtype)))
-    return ([params[n].detach() for n in cap.param_names]
-            + [params[n].detach() for n in cap.frozen_names]
-            + [buffers[n].detach().clone() for n in cap.buffer_names]
+    written = _written_placeholders(cap.gm)
+    names = [n.name for n in cap.gm.graph.nodes if n.op == "placeholder"]
+    kept = [params[n].detach() for n in cap.param_names + cap.frozen_names]
+    # a parameter the program writes (nn.Embedding's max_norm) is copied, as the buffers are
+    kept = [p.clone() if names[i] in written else p for i, p in enumerate(kept)]
+    return (kept + [buffers[n].detach().clone() for n in cap.buffer_names]
             + [_unshared(t) for t in leaves] + tangents)
+
+
+def _written_placeholders(gm: torch.fx.GraphModule) -> set[str]:
+    """Names of ``gm``'s placeholders that an op writes in place."""
+    written = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            for i in op_kind(node.target).writes:
+                arg = node.args[i] if i < len(node.args) else None
+                if isinstance(arg, torch.fx.Node) and arg.op == "placeholder":
+                    written.add(arg.name)
+    return written
 
 
 def _unshared(t: torch.Tensor) -> torch.Tensor:

@@ -552,9 +552,9 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     first_buffer = len(params) + len(frozen)
     first_input = first_buffer + len(buffers)
-    # writes the executor replays once per call: into buffers, and into inputs that need no
-    # gradient (x /= 255), as eager writes into the caller's tensor
-    written = set(placeholders[first_buffer:first_input]) | {
+    # writes the executor replays once per call: into parameters (nn.Embedding's max_norm),
+    # buffers, and inputs that need no gradient (x /= 255), as eager writes into the tensor
+    written = set(placeholders[:first_input]) | {
         placeholders[first_input + i] for i, g in enumerate(needs_grad) if not g}
     gm, marker["last"] = functionalise(gm, marker["last"], written)
     return JointCapture(

@@ -13,10 +13,10 @@ What functionalisation cannot remove are writes into the graph's inputs: it emit
 ``copy_(input, new_value)`` at the very end, after the backward. A write into a buffer (a
 BatchNorm's ``num_batches_tracked += 1``) is a forward effect that the executor replays once per
 call, so it is moved back into the forward, right after the last op that needs it in place.
-A write into a model input that needs no gradient (``x /= 255``) is moved the same way: eager
-writes into the caller's tensor at every call, and so does the executor. Writes into parameters
-or into inputs that need a gradient stay what they were: the grouping rejects them with a
-message naming the op.
+A write into a parameter (``nn.Embedding``'s ``max_norm``) or into a model input that needs no
+gradient (``x /= 255``) is moved the same way: eager writes into the tensor at every call, and
+so does the executor. A write into an input that needs a gradient stays what it was: the
+grouping rejects it with a message naming the op (eager refuses it too).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def functionalise(gm: torch.fx.GraphModule, last_forward: str,
                   buffer_placeholders: set[str]) -> tuple[torch.fx.GraphModule, str]:
     """The same program without in-place writes, and the name of its last forward op.
 
-    ``buffer_placeholders`` are the placeholder names of ``gm`` that hold buffers or inputs that
-    need no gradient: writes into them move into the forward. Returns ``gm`` unchanged when
+    ``buffer_placeholders`` are the placeholder names of ``gm`` that hold parameters, buffers or
+    inputs that need no gradient: writes into them move into the forward. Returns ``gm`` unchanged when
     nothing writes in place.
     """
     if not needs_functionalising(gm):

@@ -97,10 +97,10 @@ def group_joint(cap: JointCapture) -> Grouping:
     for ph, (kind, label) in zip(placeholders, labels):
         source_kind[ph.name] = kind
         source_label[ph.name] = label
-    # sources a forward may write, the executor replaying the write once per call: buffers,
-    # and inputs that need no gradient (eager writes into the caller's tensor)
+    # sources a forward may write, the executor replaying the write once per call: parameters,
+    # buffers, and inputs that need no gradient (eager writes into the caller's tensor)
     first_input = n_p + n_f + n_b
-    writable = {ph.name for ph in placeholders[n_p + n_f:first_input]} | {
+    writable = {ph.name for ph in placeholders[:first_input]} | {
         ph.name for ph, g in zip(placeholders[first_input:first_input + n_in],
                                  cap.input_requires_grad) if not g}
     tangents = [ph.name for ph in placeholders[n_p + n_f + n_b + n_in:]]
@@ -344,11 +344,6 @@ _WRITE_HINTS = {
                      "in place, and that input needs a gradient (eager refuses such a write "
                      "into a leaf too): make the model write into a copy (x = x / 255 rather "
                      "than x /= 255, or x = x.clone() first)"),
-    DataKind.PARAM: (" in place during the forward (nn.Embedding with max_norm does: it "
-                     "renormalises the rows it reads); hiremate cannot replay a write into a "
-                     "parameter: make it in the training loop, under torch.no_grad(), before the "
-                     "step (for max_norm: max_norm=None in the model, and "
-                     "torch.embedding_renorm_(emb.weight, ids, max_norm, 2.0) before the step)"),
 }
 
 

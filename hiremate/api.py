@@ -531,6 +531,10 @@ class HRockmate(ModelWrapper):
         return False
 
     # -- facts ------------------------------------------------------------------------------------
+    def written_parameters(self) -> list[torch.Tensor]:
+        """The parameters a call writes in place (``RematModule.written_parameters``)."""
+        return self.executor.written_parameters() if self.executor is not None else []
+
     def report(self) -> dict[str, Any]:
         """Predicted figures, autodiff's, solving time, hierarchy facts and winning solvers
         (for the sample's inputs; :meth:`variants` has the others')."""

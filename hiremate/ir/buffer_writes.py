@@ -1,8 +1,8 @@
 """Buffers that a forward reads and writes: the value before the write, kept for later reads.
 
 A forward may update a buffer and use it (a running mean moved towards the batch's, then
-subtracted from it), or write into an input that needs no gradient (``x /= 255``), which is
-handled here as a buffer. The graph reads the buffer's source as its value at the call's start and
+subtracted from it), or write into a parameter (``nn.Embedding``'s ``max_norm``) or an input
+that needs no gradient (``x /= 255``), both handled here as buffers. The graph reads the buffer's source as its value at the call's start and
 the executor writes the buffer in place during the forward, once per call. A node that reads
 the source after that write, a recomputation or a first run that the schedule puts after the
 writer, must still see the value from before it: so the executor copies the buffer just before
@@ -102,8 +102,8 @@ def output_names(graph: Graph, node: ComputeNode) -> set[str]:
 def written_buffers(graph: Graph) -> list[WrittenBuffer]:
     """Every buffer source that a node writes and some node reads the value of (an input that
     needs no gradient, written by the forward as ``x /= 255`` does, counts as a buffer here)."""
-    buffers = [d for d in graph.data
-               if d.producer is None and d.kind in (DataKind.BUFFER, DataKind.INPUT)]
+    buffers = [d for d in graph.data if d.producer is None
+               and d.kind in (DataKind.BUFFER, DataKind.INPUT, DataKind.PARAM)]
     names = {d.name for d in buffers}
     writers: dict[str, tuple[int, int]] = {}
     readers: dict[str, set[int]] = {}

@@ -252,6 +252,14 @@ class RematModule(torch.nn.Module):
             return self.model(*args, **kwargs)
         return self._call(args, kwargs, flat=False)
 
+    def written_parameters(self) -> list[torch.Tensor]:
+        """The parameters a call writes in place (``nn.Embedding``'s ``max_norm``), which a
+        measurement puts back after each run."""
+        written = set(self._graph.meta.get("mutated_buffers", ()))
+        params = self._lookup(self._param_slots) + self._lookup(self._frozen_slots)
+        return [p for name, p in zip(self._param_names + self._frozen_names, params)
+                if name in written]
+
     def call_flat(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
         """The call's tensor outputs in the graph's order (what the autograd function returns;
         a call puts them back in the model's output structure)."""

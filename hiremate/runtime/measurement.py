@@ -466,8 +466,10 @@ def measure(
     # a forward that writes into an input that needs no gradient (x /= 255) would see another
     # input at each run, and leave the caller's changed: each run's write is put back, from a
     # copy in host memory (on a GPU, none of the device's)
-    kept = [(t, t.detach().to("cpu", copy=True), t._version) for t in _tensors((args, kwargs))
-            if not t.requires_grad]
+    written = getattr(fn, "written_parameters", None)  # a hiremate module's, max_norm's
+    kept = [(t, t.detach().to("cpu", copy=True), t._version) for t in [
+        *(t for t in _tensors((args, kwargs)) if not t.requires_grad),
+        *(written() if callable(written) else ())]]
 
     def run() -> None:
         _forward_backward(fn, args, kwargs, loss_fn)
