@@ -57,8 +57,8 @@ def functionalise(gm: torch.fx.GraphModule, last_forward: str,
     """The same program without in-place writes, and the name of its last forward op.
 
     ``buffer_placeholders`` are the placeholder names of ``gm`` that hold parameters, buffers or
-    inputs that need no gradient: writes into them move into the forward. Returns ``gm`` unchanged when
-    nothing writes in place.
+    inputs that need no gradient: writes into them move into the forward. Returns ``gm``
+    unchanged when nothing writes in place.
     """
     if not needs_functionalising(gm):
         clone_hidden_writes(gm)

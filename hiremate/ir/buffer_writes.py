@@ -2,8 +2,9 @@
 
 A forward may update a buffer and use it (a running mean moved towards the batch's, then
 subtracted from it), or write into a parameter (``nn.Embedding``'s ``max_norm``) or an input
-that needs no gradient (``x /= 255``), both handled here as buffers. The graph reads the buffer's source as its value at the call's start and
-the executor writes the buffer in place during the forward, once per call. A node that reads
+that needs no gradient (``x /= 255``), both handled here as buffers. The graph reads the
+buffer's source as its value at the call's start and the executor writes the buffer in place
+during the forward, once per call. A node that reads
 the source after that write, a recomputation or a first run that the schedule puts after the
 writer, must still see the value from before it: so the executor copies the buffer just before
 the write, those reads take the copy, and the copy is freed after the last of them. The
