@@ -4,12 +4,12 @@ A forward may update a buffer and use it (a running mean moved towards the batch
 subtracted from it), or write into a parameter (``nn.Embedding``'s ``max_norm``) or an input
 that needs no gradient (``x /= 255``), both handled here as buffers. The graph reads the
 buffer's source as its value at the call's start and the executor writes the buffer in place
-during the forward, once per call. A node that reads
-the source after that write, a recomputation or a first run that the schedule puts after the
-writer, must still see the value from before it: so the executor copies the buffer just before
-the write, those reads take the copy, and the copy is freed after the last of them. The
-simulator counts the copy over the same steps (:func:`hiremate.ir.simulator.step_peak`); both
-take the steps from :func:`snapshot_spans`.
+during the forward, once per call. A node that reads the source after that write, a
+recomputation or a first run that the schedule puts after the writer, must still see the value
+from before it: so the executor copies the buffer just before the write, those reads take the
+copy, and the copy is freed after the last of them. The simulator counts the copy over the same
+steps (:func:`hiremate.ir.simulator.step_peak`); both take the steps from
+:func:`snapshot_spans`.
 
 Only reads of the value count: not the write itself (a recomputed write goes into a clone), nor
 the running statistics that a batch-norm backward in training mode is passed and ignores.
@@ -18,7 +18,6 @@ the running statistics that a batch-norm backward in training mode is passed and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from hiremate.ir.graph import ComputeNode, DataKind, Graph, Op, Ref
 from hiremate.ir.schedule import Compute, Schedule
@@ -59,23 +58,7 @@ def ignored_positions(op: Op) -> set[int]:
 
 def value_reads(op: Op, names: set[str]) -> set[str]:
     """Which of ``names`` ``op`` reads the value of (directly or inside a list or keyword)."""
-    skip = ignored_positions(op)
-    found: set[str] = set()
-    for i, a in enumerate(op.args):
-        if i not in skip:
-            _collect(a, names, found)
-    for _, v in op.kwargs:
-        _collect(v, names, found)
-    return found
-
-
-def _collect(value: Any, names: set[str], found: set[str]) -> None:
-    if isinstance(value, Ref):
-        if value.name in names:
-            found.add(value.name)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _collect(v, names, found)
+    return names.intersection(op.refs(skip=ignored_positions(op)))
 
 
 def rerun_ops(node: ComputeNode, needed: set[str]) -> list[int]:
@@ -93,7 +76,7 @@ def rerun_ops(node: ComputeNode, needed: set[str]) -> list[int]:
     return chosen[::-1]
 
 
-def output_names(graph: Graph, node: ComputeNode) -> set[str]:
+def node_output_names(graph: Graph, node: ComputeNode) -> set[str]:
     """Names under which ``node``'s ops bind its output data (owners and views)."""
     made = {op.out for op in node.ops}
     return {n for d in node.outputs for n in (graph.data[d].name, *graph.data[d].aliases)
@@ -101,8 +84,8 @@ def output_names(graph: Graph, node: ComputeNode) -> set[str]:
 
 
 def written_buffers(graph: Graph) -> list[WrittenBuffer]:
-    """Every buffer source that a node writes and some node reads the value of (an input that
-    needs no gradient, written by the forward as ``x /= 255`` does, counts as a buffer here)."""
+    """Every buffer source (or parameter, or input that needs no gradient) that a node writes
+    and some node reads the value of, and that some schedule needs a copy of."""
     buffers = [d for d in graph.data if d.producer is None
                and d.kind in (DataKind.BUFFER, DataKind.INPUT, DataKind.PARAM)]
     names = {d.name for d in buffers}
@@ -123,7 +106,7 @@ def written_buffers(graph: Graph) -> list[WrittenBuffer]:
                 a = op.args[i] if i < len(op.args) else None
                 if isinstance(a, Ref) and a.name in names:
                     writers.setdefault(a.name, (node.id, k))
-        for k in rerun_ops(node, output_names(graph, node)):
+        for k in rerun_ops(node, node_output_names(graph, node)):
             for name in reads[k]:
                 rerun_readers.setdefault(name, set()).add(node.id)
     found = [WrittenBuffer(d.id, d.name, *writers[d.name], frozenset(readers[d.name]),
@@ -141,12 +124,10 @@ def snapshot_reserve(graph: Graph) -> int:
     return sum(b.size for b in written_buffers(graph))
 
 
-def snapshot_spans(graph: Graph, schedule: Schedule,
-                   written: list[WrittenBuffer] | None = None
-                   ) -> list[tuple[WrittenBuffer, int, int]]:
+def snapshot_spans(graph: Graph, schedule: Schedule) -> list[tuple[WrittenBuffer, int, int]]:
     """``(buffer, first step, last step)`` for each buffer whose pre-write value a step at or
     after its writer's first run reads: the copy exists during those steps, both included."""
-    written = written_buffers(graph) if written is None else written
+    written = written_buffers(graph)
     if not written:
         return []
     runs: dict[int, list[int]] = {}  # node -> the steps that compute it
@@ -170,5 +151,5 @@ def snapshot_spans(graph: Graph, schedule: Schedule,
     return spans
 
 
-__all__ = ["WrittenBuffer", "ignored_positions", "output_names", "rerun_ops", "snapshot_reserve",
-           "snapshot_spans", "value_reads", "written_buffers"]
+__all__ = ["WrittenBuffer", "ignored_positions", "node_output_names", "rerun_ops",
+           "snapshot_reserve", "snapshot_spans", "value_reads", "written_buffers"]

@@ -79,10 +79,11 @@ class Op:
     mutated_args: tuple[int, ...] = ()
     random: bool = False
 
-    def refs(self) -> list[str]:
-        """Names of the values this op reads, in argument order."""
+    def refs(self, skip: Any = ()) -> list[str]:
+        """Names of the values this op reads, in argument order; ``skip``: positional
+        arguments left out (by index)."""
         found: list[str] = []
-        _collect_refs(self.args, found)
+        _collect_refs(tuple(a for i, a in enumerate(self.args) if i not in skip), found)
         _collect_refs(tuple(v for _, v in self.kwargs), found)
         return found
 

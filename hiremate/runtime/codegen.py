@@ -28,7 +28,8 @@ from typing import Any, Callable
 import torch
 
 from hiremate.errors import InvalidGraphError, InvalidScheduleError
-from hiremate.ir.buffer_writes import ignored_positions, rerun_ops, snapshot_spans
+from hiremate.ir.buffer_writes import (
+    ignored_positions, node_output_names, rerun_ops, snapshot_spans)
 from hiremate.ir.graph import ComputeNode, DataKind, Graph, Op, Ref
 from hiremate.graphbuilder.encode import decode_arg
 from hiremate.graphbuilder.opinfo import resolve_target
@@ -113,7 +114,6 @@ class _Emitter:
             self.owner[d.name] = d.id
             for a in d.aliases:
                 self.owner[a] = d.id
-        self.node_names = [{op.out for op in n.ops} for n in graph.nodes]
         #: names of the model's outputs (and their views): the caller holds them from the forward
         self.caller_held = {n for d in graph.outputs
                             for n in (graph.data[d].name, *graph.data[d].aliases)}
@@ -208,12 +208,6 @@ class _Emitter:
         return self.const(value)
 
     # -- steps -------------------------------------------------------------------------------
-    def names_of(self, data_id: int) -> list[str]:
-        """Graph names of data node ``data_id`` that its producer binds (owner and views)."""
-        d = self.graph.data[data_id]
-        made = self.node_names[d.producer] if d.producer is not None else set()
-        return [n for n in (d.name, *d.aliases) if n in made]
-
     def compute(self, node: ComputeNode) -> None:
         first = node.id not in self.computed
         self.computed.add(node.id)
@@ -222,9 +216,7 @@ class _Emitter:
         if not first and not node.outputs:
             self.lines.append(f"    # node {node.id}: effect only, already done")
             return
-        keep: set[str] = set()
-        for d in node.outputs:
-            keep.update(self.names_of(d))
+        keep = node_output_names(self.graph, node)
         ops = list(enumerate(node.ops)) if first else self._rerun_ops(node, keep)
         last_use: dict[str, int] = {}
         for i, op in ops:
