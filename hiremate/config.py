@@ -24,7 +24,11 @@ Levels (where a solver may be placed):
 - ``polish``: solvers with a ``polish(graph, budget, schedule)`` method (``fastsa``: its
   annealing started from the schedule) run from the fastest candidate of each of the
   ``polish_from`` fastest sources (every path's candidates, the pool's too); what they find
-  within the budget is a candidate named ``<source>+<polisher>``.
+  within the budget is a candidate named ``<source>+<polisher>``;
+- ``refine``: polishers run in turn on the single fastest candidate once the polish is done
+  (``hilp-window``: the flat H-ILP re-solved window by window around it,
+  :mod:`hiremate.solvers.hilp.window`), each from the previous one's schedule; the result is a
+  candidate named ``<source>+<refiner>``.
 
 ``total_options`` is the paper's N_o: the options that the blocks of one problem share, in
 proportion to their forward nodes, ``n_options`` at most each.
@@ -81,7 +85,7 @@ from hiremate.quiet import check_progress
 
 #: Folder of the YAML presets (the repository's ``configs/``).
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-LEVELS = ("flat", "bottom", "middle", "middle_flat", "top", "sequence_top", "polish")
+LEVELS = ("flat", "bottom", "middle", "middle_flat", "top", "sequence_top", "polish", "refine")
 ON_NEW_INPUTS = ("recapture", "raise")
 OUTPUT_GRADIENTS = ("auto", "all")
 
@@ -103,6 +107,7 @@ class Config:
     sequence_max_block: int = 20  # ... run when its blocks have at most this many forward nodes
     polish: list[str] = field(default_factory=list)  # local search from the best candidates
     polish_from: int = 3         # ... the fastest candidate of this many fastest sources
+    refine: list[str] = field(default_factory=list)  # then polishers on the fastest one, in turn
     flat_max_nodes: int = 250
     hierarchical_above: float = 1.0  # skip the hierarchy when a flat schedule is this fast
     flat_rewarm: bool = False    # flat H-ILP again, warm-started from the hierarchy's schedules
@@ -160,10 +165,12 @@ class Config:
             raise ConfigError("a configuration needs a flat solver, or bottom and top solvers")
         from hiremate.registry import solver_class
 
-        for name in self.polish:
-            if not callable(getattr(solver_class(name), "polish", None)):
-                raise ConfigError(f"solver {name!r} cannot polish a schedule (no polish method); "
-                                  "polish takes e.g. fastsa")
+        for level in ("polish", "refine"):
+            for name in getattr(self, level):
+                if not callable(getattr(solver_class(name), "polish", None)):
+                    raise ConfigError(f"solver {name!r} cannot polish a schedule (no polish "
+                                      f"method); {level} takes e.g. "
+                                      + ("fastsa" if level == "polish" else "hilp-window"))
         if (isinstance(self.coarser_tops, bool) or not isinstance(self.coarser_tops, int)
                 or self.coarser_tops < 0):
             raise ConfigError(f"coarser_tops must be an integer >= 0 (coarser partitions tried "
@@ -313,7 +320,7 @@ def load_config(config: "str | Path | Mapping[str, Any] | Config | None" = None,
 
 #: the keys that choose solvers: a dict naming one of them is a configuration of its own
 SOLVER_KEYS = ("partitioner", "flat", "bottom", "middle", "middle_flat", "top", "sequence_top",
-               "polish")
+               "polish", "refine")
 
 
 def _read_yaml(path: str | Path) -> Any:

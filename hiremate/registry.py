@@ -149,12 +149,14 @@ def _builtins() -> None:
     from hiremate.solvers.fastsa.solver import FASTSA_SOLVERS
     from hiremate.solvers.hilp.flat import HILP_SOLVERS
     from hiremate.solvers.hilp.top import HilpTop
+    from hiremate.solvers.hilp.window import HilpWindowSearch
     from hiremate.solvers.twremat import TWREMAT_SOLVERS
 
     for name, cls in PARTITIONERS.items():
         _PARTITIONERS.setdefault(name, cls)
     composers = {"rk-rotor": RkRotorTop, "hilp-top": HilpTop}
-    for table in (HILP_SOLVERS, TWREMAT_SOLVERS, FASTSA_SOLVERS, CHAIN_SOLVERS, JOIN_SOLVERS,
+    searches = {"hilp-window": HilpWindowSearch}
+    for table in (HILP_SOLVERS, searches, TWREMAT_SOLVERS, FASTSA_SOLVERS, CHAIN_SOLVERS, JOIN_SOLVERS,
                   composers):
         for name, cls in table.items():
             _SOLVERS.setdefault(name, cls)

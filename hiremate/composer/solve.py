@@ -27,6 +27,8 @@ What runs:
    recomputations nothing needs (:func:`hiremate.ir.sequence.drop_unused_recomputations`)
    and completed with the buffer writes the executor adds
    (:func:`hiremate.ir.sequence.complete_effects`) before it is ranked.
+5. **Refine** (``refine``): each refining solver in turn on the fastest candidate after the
+   polish (``hilp-window``: the flat H-ILP re-solved over a sliding window of phases).
 
 Translating back: a block operation becomes the compute steps of its option's forward or
 backward part (renamed to full-graph ids); the whole compute sequence gets its frees from
@@ -153,6 +155,8 @@ def solve(graph: Graph, budget: int, cfg: Any, cache: Any) -> SolveResult:
         seen = {(c.source, tuple(c.schedule)) for c in again}
         found.candidates.extend(again + [c for c in trial
                                          if (c.source, tuple(c.schedule)) not in seen])
+    if cfg.refine and found.candidates:
+        found.candidates.extend(_refine(graph, budget, cfg, found, report, bound))
     found.candidates = _with_effects(graph, budget, found.candidates)
     fresh = [c for c in found.candidates if not any(c is p for p in pooled)]
     if pool is not None:
@@ -420,6 +424,39 @@ def _polish(graph: Graph, budget: int, cfg: Any, found: Paths,
                 time.perf_counter() - t0, 3), "time": start.sim.time,
                 "polished": sim.time if kept else None})
     report["polish"] = facts
+    return out
+
+
+def _refine(graph: Graph, budget: int, cfg: Any, found: Paths, report: dict[str, Any],
+            bound: float | None = None) -> list[Candidate]:
+    """Each ``refine`` solver in turn on the fastest candidate so far (the polish's included),
+    each from the schedule the previous one left: the faster schedules it finds, named
+    ``<source>+<refiner>``. Why after the polish: a refiner such as ``hilp-window`` re-solves
+    a MILP around one schedule, so it starts from the best there is rather than from several.
+    Nothing runs when that candidate is the flat H-ILP's proven optimum or meets ``bound``
+    (the moment bound at ``budget``, when the caller has it)."""
+    from hiremate.registry import make_solver
+
+    start = min(found.candidates, key=lambda c: (c.sim.time, c.sim.peak, c.source))
+    if start.detail.get("optimal") or (bound is not None and start.sim.time <= bound):
+        report["refine"] = [{"from": start.source, "skipped": "optimal"}]
+        return []
+    out: list[Candidate] = []
+    facts = []
+    for name in cfg.refine:
+        t0 = time.perf_counter()
+        solver = make_solver(name, cfg.solver_params.get(name, {}))
+        sched = solver.polish(graph, budget, start.schedule)
+        sim = simulate(graph, sched) if sched is not None else None
+        kept = (sim is not None and sim.valid and sim.peak <= budget
+                and sim.time < start.sim.time)
+        facts.append({"from": start.source, "by": name, "seconds": round(
+            time.perf_counter() - t0, 3), "time": start.sim.time,
+            "refined": sim.time if kept else None})
+        if kept:
+            start = Candidate(sched, sim, f"{start.source}+{name}")
+            out.append(start)
+    report["refine"] = facts
     return out
 
 

@@ -115,16 +115,10 @@ def backend_and_work(milp: Milp, backend: str, work_limit: float | None,
 
 
 def solve_milp(
-    milp: Milp,
-    backend: str = "highs",
-    time_limit: float = SAFETY_TIME,
-    mip_gap: float = 1e-6,
-    hint: np.ndarray | None = None,
-    threads: int = 1,
-    relax: bool = False,
-    pulp_solver: str = "auto",
-    work_limit: float | None = None,
-    seed: int = 0,
+    milp: Milp, backend: str = "highs", time_limit: float = SAFETY_TIME, mip_gap: float = 1e-6,
+    hint: np.ndarray | None = None, threads: int = 1, relax: bool = False,
+    pulp_solver: str = "auto", work_limit: float | None = None, seed: int = 0,
+    highs_options: dict | None = None,
 ) -> MilpResult:
     """Solve ``milp`` with ``backend``; ``relax`` drops integrality (HiGHS only: the LP bound).
 
@@ -133,7 +127,8 @@ def solve_milp(
     safety cap, in seconds; ``seed``: the backend's random seed. ``threads`` counts for CP-SAT
     (interleaved, deterministic, search over that many workers) and CBC; HiGHS runs on one.
     ``backend="auto"`` picks one (:func:`choose_backend`); any other name is the backend that
-    runs, and a :class:`SolverError` says so when its package is not installed."""
+    runs, and a :class:`SolverError` says so when its package is not installed.
+    ``highs_options``: HiGHS settings over :data:`HIGHS_HEURISTICS` (other backends ignore them)."""
     if backend not in BACKENDS:
         raise SolverError(f"unknown H-ILP backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     name, work = backend_and_work(milp, backend, work_limit, relax)
@@ -145,7 +140,7 @@ def solve_milp(
         raise SolverError(f"H-ILP work_limit must be positive, not {work_limit!r}")
     try:
         res = _solve_with(milp, name, time_limit, mip_gap, hint, threads, relax, pulp_solver,
-                          work, int(seed))
+                          work, int(seed), highs_options)
     except ImportError as exc:
         raise SolverError(f"H-ILP backend {name!r}: {module!r} is installed but fails to "
                           f"import ({exc}); reinstall it ({how})") from exc
@@ -176,9 +171,9 @@ def _solve_highs_batch(milps, relax, work):
 
 
 def _solve_with(milp, backend, time_limit, mip_gap, hint, threads, relax, pulp_solver, work,
-                seed):
+                seed, highs_options=None):
     if backend == "highs":
-        args = (milp, time_limit, mip_gap, hint, relax, work, seed)
+        args = (milp, time_limit, mip_gap, hint, relax, work, seed, highs_options)
         if _loaded("ortools.sat.python.cp_model_helper"):
             return _in_subprocess("_solve_highs", args, time_limit)
         return _solve_highs(*args)
@@ -302,7 +297,8 @@ def objective_scale(c: np.ndarray) -> float:
     return float(1.0 / nonzero.mean())
 
 
-def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResult:
+def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed, options=None
+                 ) -> MilpResult:
     """HiGHS on one thread with a fixed seed: its branch and bound is then deterministic, and
     ``work`` (branch-and-bound nodes) is the limit that decides."""
     import highspy
@@ -335,7 +331,7 @@ def _solve_highs(milp, time_limit, mip_gap, hint, relax, work, seed) -> MilpResu
     h.setOptionValue("mip_feasibility_tolerance", 1e-7)
     h.setOptionValue("threads", 1)
     h.setOptionValue("random_seed", int(seed) % 2**31)
-    for option, value in HIGHS_HEURISTICS.items():
+    for option, value in {**HIGHS_HEURISTICS, **(options or {})}.items():
         h.setOptionValue(option, value)
     h.setOptionValue("mip_max_nodes", int(min(max(work, 1), 2**31 - 1)))
     if relax and A.shape[1] > LARGE_LP_COLUMNS:
