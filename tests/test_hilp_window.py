@@ -124,10 +124,10 @@ def test_window_search_as_a_flat_solver_meets_the_budget_or_says_why():
     start = _twremat(graph, budget)
     if start is not None:
         assert sim.time <= hiremate.simulate(graph, start).time
-    floor = memory_floor(graph)
-    with pytest.raises(InfeasibleBudgetError, match="below") as info:
-        solver.schedule(graph, floor - 1)
-    assert info.value.min_budget == floor
+    for below in (memory_floor(graph) - 1, low - 1):
+        with pytest.raises(InfeasibleBudgetError, match="raise the budget to") as info:
+            solver.schedule(graph, below)
+        assert info.value.min_budget == low
 
 
 def test_window_search_leaves_large_graphs_and_block_schedules_alone():

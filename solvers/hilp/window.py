@@ -97,26 +97,23 @@ class HilpWindowSearch:
 
     def schedule(self, graph: Graph, budget: int) -> Schedule:
         """The flat H-ILP's warm start (store-all, TW-Remat's schedules, the LP's roundings),
-        improved window by window; :class:`~hiremate.InfeasibleBudgetError` as the flat H-ILP
-        raises it when nothing fits."""
-        from hiremate.solvers.hilp.flat import HilpSolver, warm_start
+        improved window by window; :class:`~hiremate.InfeasibleBudgetError` when none of them
+        fits, naming full recomputation's peak, which always does."""
+        from hiremate.solvers.hilp.flat import HilpSolver, recompute_phases, warm_start
 
-        floor = memory_floor(graph)
-        if budget < floor:
-            raise InfeasibleBudgetError(
-                f"{self.name}: budget {fmt_bytes(budget)} is below {fmt_bytes(floor)}, the "
-                "memory some node needs for its inputs, outputs and temporary buffers; raise "
-                "the budget", min_budget=floor)
-        model = build_model(graph, budget, None)
-        hints = HilpSolver()._heuristic_hints(graph)
-        phases = warm_start(graph, model, budget, None, lp_time=self.config.time_limit / 4,
-                            hints=hints)
+        # full recomputation is among the starts, so its peak is a budget always met
+        lowest = simulate(graph, phases_to_schedule(graph, recompute_phases(graph))).peak
+        phases = None
+        if budget >= memory_floor(graph):
+            model = build_model(graph, budget, None)
+            phases = warm_start(graph, model, budget, None, lp_time=self.config.time_limit / 4,
+                                hints=HilpSolver()._heuristic_hints(graph))
         if phases is None:
             raise InfeasibleBudgetError(
                 f"{self.name}: none of its starting schedules (store-all, TW-Remat's, the LP "
                 f"relaxation's roundings, full recomputation) fits {fmt_bytes(budget)}; raise "
-                "the budget or use the flat H-ILP (hilp), whose search may find one",
-                min_budget=None)
+                f"the budget to {fmt_bytes(lowest)}, or use the flat H-ILP (hilp), whose "
+                "search may find a schedule below that", min_budget=lowest)
         better = self._search(graph, budget, phases, model)
         return phases_to_schedule(graph, better if better is not None else phases)
 
