@@ -154,3 +154,21 @@ def test_refine_takes_only_solvers_that_polish():
         load_config("hiremate", refine=["twremat"])
     with pytest.raises(ValueError, match="unknown solver"):
         load_config("hiremate", refine=["no-such-solver"])
+
+
+def test_the_bench_prints_each_run_beside_the_default(capsys):
+    """``bench/window_search.py`` (docs/benchmarks.md, "Window search"): one row per chain and
+    budget, every run's relative time, and ``-`` for a budget nothing meets."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import window_search
+
+    window_search.main(["--layers", "4", "--budgets", "0.7", "0.05", "--ungated"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| 4 |")]
+    assert len(rows) == 2
+    plain, default, ungated = (float(cell.split()[0]) for cell in rows[0][3:6])
+    assert 1 <= default <= plain and ungated >= 1
+    assert rows[1][3:6] == ["-", "-", "-"]

@@ -36,13 +36,13 @@ FAST = {"progress": False, "n_jobs": 1, "cache": False,
 
 def hier(**kw):
     """The default preset forced onto its hierarchical path, with Rockmate's two levels (the
-    sequence partitioner's chain of blocks, each flattened) and no polish, so that the winner
-    is a composer's schedule: what these tests count (tests/test_polish.py and
-    tests/test_sequence_path.py cover the rest)."""
+    sequence partitioner's chain of blocks, each flattened) and no polish nor refinement, so
+    that the winner is a composer's schedule: what these tests count (tests/test_polish.py,
+    tests/test_hilp_window.py and tests/test_sequence_path.py cover the rest)."""
     return load_config("hiremate", flat_max_nodes=0,
                        **{**FAST, "partitioner": "sequence", "partitioner_params": {},
                           "middle": [], "middle_flat": [], "total_options": None,
-                          "polish": [], "sequence_top": [], **kw})
+                          "polish": [], "refine": [], "sequence_top": [], **kw})
 
 
 def deep(**kw):
