@@ -156,7 +156,7 @@ def _builtins() -> None:
         _PARTITIONERS.setdefault(name, cls)
     composers = {"rk-rotor": RkRotorTop, "hilp-top": HilpTop}
     searches = {"hilp-window": HilpWindowSearch}
-    for table in (HILP_SOLVERS, searches, TWREMAT_SOLVERS, FASTSA_SOLVERS, CHAIN_SOLVERS, JOIN_SOLVERS,
-                  composers):
+    for table in (HILP_SOLVERS, searches, TWREMAT_SOLVERS, FASTSA_SOLVERS, CHAIN_SOLVERS,
+                  JOIN_SOLVERS, composers):
         for name, cls in table.items():
             _SOLVERS.setdefault(name, cls)

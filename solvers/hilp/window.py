@@ -176,8 +176,8 @@ class HilpWindowSearch:
                 lo[r_cols[outside]] = hi[r_cols[outside]] = x[r_cols[outside]]
                 try:
                     res = solve_milp(replace(milp, col_lo=lo, col_hi=hi), "highs",
-                                     cfg.time_limit, cfg.mip_gap, x, 1, work_limit=cfg.work_limit,
-                                     highs_options=WINDOW_HIGHS)
+                                     max(deadline - time.perf_counter(), 1.0), cfg.mip_gap, x,
+                                     1, work_limit=cfg.work_limit, highs_options=WINDOW_HIGHS)
                 except SolverError as exc:  # no HiGHS: the schedule stays as it is
                     log.info("hilp-window: %s", exc)
                     return improved
