@@ -2,15 +2,14 @@
 sliding window of phases around a schedule, and its place in the default preset (``refine``).
 
 What it returns must be valid, within the budget, strictly faster than where it started and the
-same in two runs; it must run in the executor like eager; and on a chain where the default's
+same in two runs (tests/test_polish.py's property test, which takes every polisher); it must run
+in the executor like eager; and on a chain where the default's
 schedule stops short of what the whole-graph MILP finds it must close that gap."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import hiremate
 from hiremate.api import solve_graph
@@ -20,7 +19,8 @@ from hiremate.ir.tracker import memory_floor
 from hiremate.registry import make_solver
 from hiremate.runtime.executor import RematModule
 from hiremate.solvers.hilp.flat import phases_to_schedule, recompute_phases
-from test_memory_pins import fuzz_graph  # module level: its @given must not nest
+from test_memory_pins import fuzz_graph
+from test_polish import _start  # TW-Remat's schedule, or None
 from test_presets_compare import FAST, _chain, _graph
 from test_solvers_random_order import check_runs, graph as dropout_graph
 
@@ -28,35 +28,6 @@ from test_solvers_random_order import check_runs, graph as dropout_graph
 def _lowest(graph) -> int:
     """The peak of full recomputation, a budget the flat H-ILP's starts always meet."""
     return hiremate.simulate(graph, phases_to_schedule(graph, recompute_phases(graph))).peak
-
-
-def _twremat(graph, budget):
-    try:
-        return make_solver("twremat").schedule(graph, budget)
-    except InfeasibleBudgetError:
-        return None
-
-
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
-@given(seed=st.integers(0, 100_000), n=st.integers(4, 30), frac=st.sampled_from([0.4, 0.6, 0.8]),
-       p_random=st.sampled_from([0.0, 0.3]))
-def test_window_search_is_valid_faster_and_deterministic(seed, n, frac, p_random):
-    graph = fuzz_graph(seed, n, p_random=p_random)
-    ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
-    budget = int(frac * ad.peak)
-    start = _twremat(graph, budget)
-    if start is None:
-        return
-    before = hiremate.simulate(graph, start)
-    params = {"window": 6, "stride": 3}
-    out = make_solver("hilp-window", params).polish(graph, budget, start)
-    assert out == make_solver("hilp-window", params).polish(graph, budget, start)
-    if out is None:
-        return
-    sim = hiremate.simulate(graph, out)
-    assert sim.valid, sim.error
-    assert sim.peak <= budget
-    assert sim.time < before.time
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +77,7 @@ def test_window_search_schedules_run_like_eager():
     ad, low = hiremate.simulate(graph, hiremate.autodiff_schedule(graph)), _lowest(graph)
     for frac in (0.2, 0.6):
         budget = low + int(frac * (ad.peak - low))
-        start = _twremat(graph, budget)  # none at the tighter budget
+        start = _start(graph, budget)  # none at the tighter budget
         out = start and make_solver("hilp-window", {"window": 4, "stride": 2}).polish(
             graph, budget, start)
         for schedule in filter(None, (out, make_solver("hilp-window").schedule(graph, budget))):
@@ -121,7 +92,7 @@ def test_window_search_as_a_flat_solver_meets_the_budget_or_says_why():
     budget = low + (ad.peak - low) // 3
     sim = hiremate.simulate(graph, solver.schedule(graph, budget))
     assert sim.valid and sim.peak <= budget
-    start = _twremat(graph, budget)
+    start = _start(graph, budget)
     if start is not None:
         assert sim.time <= hiremate.simulate(graph, start).time
     for below in (memory_floor(graph) - 1, low - 1):

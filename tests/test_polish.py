@@ -1,5 +1,6 @@
 """The polish stage: FastSA's annealing started from another solver's schedule
-(:mod:`hiremate.solvers.fastsa.polish`) and its place in the default preset.
+(:mod:`hiremate.solvers.fastsa.polish`) and its place in the default preset; the property test
+also holds the window search (``hilp-window``, tests/test_hilp_window.py), which polishes too.
 
 A polished schedule must be valid, within the budget, strictly faster than where it started, the
 same in two runs, keep random nodes' first runs in the graph's order, and run in the executor
@@ -33,10 +34,15 @@ def _start(graph, budget):
         return None
 
 
+#: the polishers and their settings (the window search's windows small, as its graphs here)
+POLISHERS = [("fastsa", PARAMS), ("hilp-window", {"window": 6, "stride": 3})]
+
+
+@pytest.mark.parametrize("name, params", POLISHERS, ids=[n for n, _ in POLISHERS])
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 100_000), n=st.integers(4, 40), frac=st.sampled_from([0.5, 0.7, 0.9]),
        p_random=st.sampled_from([0.0, 0.3]))
-def test_polish_is_valid_faster_and_deterministic(seed, n, frac, p_random):
+def test_polish_is_valid_faster_and_deterministic(name, params, seed, n, frac, p_random):
     graph = fuzz_graph(seed, n, p_random=p_random)
     ad = hiremate.simulate(graph, hiremate.autodiff_schedule(graph))
     budget = int(frac * ad.peak)
@@ -44,9 +50,8 @@ def test_polish_is_valid_faster_and_deterministic(seed, n, frac, p_random):
     if start is None:
         return
     before = hiremate.simulate(graph, start)
-    solver = make_solver("fastsa", PARAMS)
-    out = solver.polish(graph, budget, start)
-    again = make_solver("fastsa", PARAMS).polish(graph, budget, start)
+    out = make_solver(name, params).polish(graph, budget, start)
+    again = make_solver(name, params).polish(graph, budget, start)
     assert out == again  # seeded and iteration-limited: the same result
     if out is None:
         return
