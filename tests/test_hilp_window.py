@@ -113,6 +113,7 @@ def test_window_search_leaves_large_graphs_and_block_schedules_alone():
     ({"window": 0}, "window must be a positive integer"),
     ({"window": 4, "stride": 6}, "stride"),
     ({"time_limit": 0}, "time_limit"),
+    ({"round_gain": 1.0}, "round_gain"),
 ])
 def test_window_search_settings_are_checked(params, match):
     with pytest.raises(ConfigError, match=match):

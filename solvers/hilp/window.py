@@ -13,7 +13,7 @@ earlier phase kept, to make room. Freeing only the window's liveness loses that:
 (docs/results-history.md, "Stop 70").
 
 Windows of ``window`` phases start every ``stride`` phases, in order, round after round, until
-a whole round of windows improves nothing (or ``max_rounds``); each MILP stops at
+a round wins less than ``round_gain`` (or ``max_rounds``); each MILP stops at
 ``work_limit`` branch-and-bound nodes on one HiGHS thread with a fixed seed, and a window's
 schedule is kept only when the simulator finds it faster within the budget. So the result
 depends on the inputs only; ``time_limit`` is a safety cap on the wall clock, logged when it
@@ -54,16 +54,18 @@ WINDOW_HIGHS = {"mip_pscost_minreliable": 0}
 @dataclass(frozen=True)
 class WindowConfig:
     """``window`` phases per MILP, a new window every ``stride`` phases; ``work_limit``
-    branch-and-bound nodes per window; at most ``max_rounds`` passes over the schedule;
+    branch-and-bound nodes per window; at most ``max_rounds`` passes over the schedule, a pass
+    after one that won less than ``round_gain`` (a fraction of the time) not run;
     ``max_nodes``: graphs above it are left alone (the model grows with the square of the
     graph, and every window's MILP carries all of it); ``time_limit``: the wall-clock safety
     cap of one search, in seconds."""
 
     window: int = 12
     stride: int = 6
-    work_limit: int = 100
+    work_limit: int = 20
     mip_gap: float = 1e-6
     max_rounds: int = 4
+    round_gain: float = 0.005
     max_nodes: int = 90
     time_limit: float = 300.0
 
@@ -77,6 +79,9 @@ class WindowConfig:
             raise ConfigError(f"hilp-window's stride ({self.stride}) must be at most its "
                               f"window ({self.window}): phases between windows would never be "
                               "searched")
+        if isinstance(self.round_gain, bool) or not 0 <= self.round_gain < 1:
+            raise ConfigError(f"hilp-window's round_gain must be a fraction in [0, 1), got "
+                              f"{self.round_gain!r}")
         if not self.time_limit > 0:
             raise ConfigError(f"hilp-window's time_limit must be positive seconds, got "
                               f"{self.time_limit!r}")
@@ -162,7 +167,7 @@ class HilpWindowSearch:
         last_gain = None  # the window that improved last: a round back to it without a gain ends
         solved = 0
         for _ in range(cfg.max_rounds):
-            gained = False
+            gained, round_start = False, best_time
             for a in starts:
                 if a == last_gain and not gained:
                     return improved  # every window since that one left the schedule as it is
@@ -193,8 +198,8 @@ class HilpWindowSearch:
                               best_time, sim.time)
                     best_time, improved, last_gain, gained = sim.time, candidate, a, True
                     x = assignment(model, graph, candidate)
-            if not gained:
-                break
+            if not gained or best_time > round_start * (1 - cfg.round_gain):
+                break  # another round would start from nearly the same schedule
         log.info("hilp-window on %d nodes: %d windows, %s", T, solved,
                  "improved" if improved is not None else "no gain")
         return improved
