@@ -66,6 +66,16 @@ class JointCapture:
     untangented_outputs: list[int] = field(default_factory=list)
 
 
+def writable_placeholders(names: list[str], first_input: int, needs_grad: list[bool]
+                          ) -> set[str]:
+    """Of a joint graph's placeholder ``names`` (parameters, buffers, then inputs from
+    ``first_input``), those a forward may write, the executor replaying the write once per
+    call as eager writes into the tensor: parameters (``nn.Embedding``'s ``max_norm``),
+    buffers, and inputs that need no gradient (``x /= 255``)."""
+    inputs = names[first_input:first_input + len(needs_grad)]
+    return set(names[:first_input]) | {n for n, g in zip(inputs, needs_grad) if not g}
+
+
 def normalise_sample(sample: Any) -> tuple[tuple, dict]:
     """A tensor, a tuple of positional arguments, or a mapping of keyword arguments (a dict, or
     a tokenizer's ``BatchEncoding``, which is a mapping but not a dict)."""
@@ -551,11 +561,7 @@ def _trace_joint(module: torch.nn.Module, original: torch.nn.Module, args: tuple
                                 "cannot capture the model with this torch")
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     first_buffer = len(params) + len(frozen)
-    first_input = first_buffer + len(buffers)
-    # writes the executor replays once per call: into parameters (nn.Embedding's max_norm),
-    # buffers, and inputs that need no gradient (x /= 255), as eager writes into the tensor
-    written = set(placeholders[:first_input]) | {
-        placeholders[first_input + i] for i, g in enumerate(needs_grad) if not g}
+    written = writable_placeholders(placeholders, first_buffer + len(buffers), needs_grad)
     gm, marker["last"] = functionalise(gm, marker["last"], written)
     return JointCapture(
         gm=gm, path=path, param_names=list(params), frozen_names=list(frozen),

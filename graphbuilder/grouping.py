@@ -30,7 +30,7 @@ import torch.fx
 
 from hiremate.errors import GraphCaptureError
 from hiremate.ir.graph import DataKind, NodeKind, Op
-from hiremate.graphbuilder.capture import JointCapture
+from hiremate.graphbuilder.capture import JointCapture, writable_placeholders
 from hiremate.graphbuilder.functionalise import WRITE_COPY
 from hiremate.graphbuilder.opinfo import LIKE_FACTORIES, op_kind, schema_name
 
@@ -97,12 +97,8 @@ def group_joint(cap: JointCapture) -> Grouping:
     for ph, (kind, label) in zip(placeholders, labels):
         source_kind[ph.name] = kind
         source_label[ph.name] = label
-    # sources a forward may write, the executor replaying the write once per call: parameters,
-    # buffers, and inputs that need no gradient (eager writes into the caller's tensor)
-    first_input = n_p + n_f + n_b
-    writable = {ph.name for ph in placeholders[:first_input]} | {
-        ph.name for ph, g in zip(placeholders[first_input:first_input + n_in],
-                                 cap.input_requires_grad) if not g}
+    writable = writable_placeholders([ph.name for ph in placeholders], n_p + n_f + n_b,
+                                     cap.input_requires_grad)
     tangents = [ph.name for ph in placeholders[n_p + n_f + n_b + n_in:]]
 
     owner: dict[str, str] = {ph.name: ph.name for ph in placeholders}

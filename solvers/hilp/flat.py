@@ -376,7 +376,7 @@ class HilpSolver:
         if self.config.warm_start:
             hint_phases = warm_start(graph, model, budget, save_budget,
                                      lp_time=0.25 * self.config.time_limit,
-                                     hints=list(hints) + self._heuristic_hints(graph))
+                                     hints=list(hints) + self.heuristic_hints(graph))
             if hint_phases is not None:
                 hint = assignment(model, graph, hint_phases)
         cfg = self.config
@@ -435,7 +435,9 @@ class HilpSolver:
         return HilpResult(schedule, status, res.objective, res.bound, model.build_time,
                           res.solve_time, sim, phases, dict(model.stats))
 
-    def _heuristic_hints(self, graph: Graph) -> list[Schedule]:
+    def heuristic_hints(self, graph: Graph) -> list[Schedule]:
+        """TW-Remat's schedules of ``graph``, offered to the warm start (none with
+        ``heuristic_hints`` off); the window search starts from them too."""
         if not self.config.heuristic_hints:
             return []
         from hiremate.solvers.twremat import TWRemat

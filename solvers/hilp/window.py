@@ -112,7 +112,7 @@ class HilpWindowSearch:
         if budget >= memory_floor(graph):
             model = build_model(graph, budget, None)
             phases = warm_start(graph, model, budget, None, lp_time=self.config.time_limit / 4,
-                                hints=HilpSolver()._heuristic_hints(graph))
+                                hints=HilpSolver().heuristic_hints(graph))
         if phases is None:
             raise InfeasibleBudgetError(
                 f"{self.name}: none of its starting schedules (store-all, TW-Remat's, the LP "
